@@ -280,6 +280,8 @@ if HAS_TRITON:
                             tl.store(ws_row + idx, new, mask=msk)
                             zn += tl.sum(new.to(tl.float64), 0)
                             any_pos = tl.maximum(any_pos, tl.max((new > 0).to(tl.int32), 0))
+                        # the next acceptance test reads ws[x] written by another thread
+                        tl.debug_barrier()
                         in_ws = any_pos
                         z = tl.where(any_pos != 0, zn.to(tl.float32), zp)
                 else:
