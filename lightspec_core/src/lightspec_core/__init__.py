@@ -1,0 +1,33 @@
+"""LightSpec core: training-free, model-agnostic speculative decoding for HF causal LMs.
+
+Only the torch-free pieces are imported eagerly, so ``lightspec --help`` stays fast.
+"""
+
+from .errors import ConfigError, LightSpecError, PluginError
+from .hookspecs import hookimpl
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "MTPPipeline": "pipeline",
+    "GenerationResult": "pipeline",
+    "DraftProposal": "interfaces",
+    "VerifyResult": "interfaces",
+    "Budget": "interfaces",
+    "StepContext": "interfaces",
+    "RowHistory": "interfaces",
+    "SamplingParams": "sampling",
+    "warp_logits": "sampling",
+    "warped_probs": "sampling",
+    "get_registry": "plugins",
+}
+
+__all__ = ["hookimpl", "LightSpecError", "ConfigError", "PluginError", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module 'lightspec_core' has no attribute {name!r}")

@@ -1,0 +1,68 @@
+"""The core's built-in components, registered through the same hook as any plugin."""
+
+from __future__ import annotations
+
+from .hookspecs import hookimpl
+
+
+def _hybrid(**options):
+    from .composer import HybridStrategy
+    from .plugins import get_registry
+
+    return HybridStrategy(get_registry(), **options)
+
+
+@hookimpl
+def lightspec_register_strategies(register):
+    from .budget import DynamicBudget, StaticBudget
+    from .composer import ConcatFusion, FirstFusion
+    from .stats import JsonlSink, LogSink
+    from .strategies.model_drafter import LayerSkipDrafter, ModelDrafter
+    from .strategies.ngram import NgramDrafter
+    from .strategies.plain import PlainDecoding
+    from .verify import StandardVerifier
+
+    register("none", PlainDecoding, description="plain autoregressive decoding (the baseline)", params={})
+    register(
+        "ngram",
+        NgramDrafter,
+        description="prompt/suffix n-gram lookup over the whole context (no model)",
+        params={"min_ngram": "shortest n-gram to match (1)", "max_ngram": "longest n-gram to match (4)", "max_draft": "most tokens per draft (8)"},
+    )
+    register(
+        "draft_model",
+        ModelDrafter,
+        description="a smaller causal LM with the same tokenizer (--draft-model PATH)",
+        params={"max_draft": "most tokens per draft (8)"},
+    )
+    register(
+        "layerskip",
+        LayerSkipDrafter,
+        description="self-speculation with the target's first L layers + final norm + lm_head",
+        params={"layers": "exit layer L, or 'auto' (default)", "max_draft": "most tokens per draft (6)"},
+    )
+    register(
+        "hybrid",
+        _hybrid,
+        description="switch: n-gram lookup when the context repeats, else the draft model (or layer skip)",
+        params={"switch_threshold": "route to n-gram when its acceptance >= this (0.5)", "max_draft": "most tokens per draft (8)"},
+    )
+    register("standard", StandardVerifier, kind="verifier", description="greedy match / lossless rejection sampling", params={})
+    register(
+        "dynamic",
+        DynamicBudget,
+        kind="budget",
+        description="cost-aware draft length from online acceptance + adaptive confidence stop",
+        params={
+            "max_draft": "upper bound on k (8)",
+            "window": "sliding window of verifies for the confidence threshold (16)",
+            "min_confidence": "initial confidence threshold (0.3)",
+            "beta": "initial verify cost slope per token (0.12)",
+            "draft_cost": "initial cost of one draft token vs a target step (0.05)",
+        },
+    )
+    register("static", StaticBudget, kind="budget", description="always draft k tokens", params={"k": "draft length (4)"})
+    register("first", FirstFusion, kind="fusion", description="per row, the first non-empty draft", params={})
+    register("concat", ConcatFusion, kind="fusion", description="per row, drafts one after another", params={})
+    register("jsonl", JsonlSink, kind="sink", description="one JSON line per event", params={"path": "output file"})
+    register("log", LogSink, kind="sink", description="periodic 'SpecDecoding metrics' log line", params={"interval_s": "seconds between lines (5)"})

@@ -1,0 +1,335 @@
+"""The decode loop: input preparation → draft → verify → fuse, for a batch of ragged rows.
+
+One step, for the B active rows:
+
+1. budget: the policy says how many tokens each row may draft;
+2. draft: the strategy proposes ``[B, K]`` tokens (ragged);
+3. verify: one target forward over ``[newest token, drafts]``, then the verifier keeps a
+   prefix of each row's draft plus one corrected/bonus token;
+4. fuse the result back: roll each row's KV cache back to what it kept, append the
+   emitted tokens, apply stop rules, drop finished rows, emit one statistics event.
+
+The loop calls the strategy's bound methods directly (resolved once by the pipeline).
+If the strategy raises in propose or verify, that step falls back to plain decoding
+(the target's own next token) and the failure is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .interfaces import Budget, DraftProposal, RowHistory, StepContext, VerifyResult
+from .kvcache import BatchedKV
+from .model_parts import HiddenCapture
+from .sampling import SamplingParams, make_generator
+from .stats import StepStats
+from .verify import sample_next
+
+log = logging.getLogger("lightspec.engine")
+
+HISTORY_DECAY = 0.9
+
+
+@dataclass
+class BoundStrategy:
+    """A strategy resolved to plain callables (no hook dispatch in the loop)."""
+
+    name: str
+    propose: Callable[..., DraftProposal | None] | None
+    verify: Callable[..., VerifyResult]
+    budget: Callable[..., Budget]
+    sinks: list[Callable[..., None]]
+    components: list[Any]
+    hidden_layers: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RowState:
+    request: int
+    tokens: list[int]  # prompt + generated
+    prompt_len: int
+    max_new: int
+    stop: list[str]
+    generated: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass
+class StepOutput:
+    """What one step emitted for one request."""
+
+    request: int
+    tokens: list[int]
+    finish_reason: str | None
+
+
+class Engine:
+    def __init__(self, target, tokenizer, bound: BoundStrategy, device: torch.device):
+        self.target = target
+        self.tokenizer = tokenizer
+        self.bound = bound
+        self.device = torch.device(device)
+        self.vocab_size = target.get_output_embeddings().weight.shape[0]
+        self.capture = HiddenCapture(target, bound.hidden_layers) if bound.hidden_layers else None
+
+    # ------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def run(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: list[int],
+        sampling: SamplingParams,
+        seeds: list[int | None],
+        stop: list[str],
+        eos_ids: set[int],
+        on_prefill: Callable[[int, float], None] | None = None,
+    ) -> Iterator[list[StepOutput]]:
+        """Generate for ``prompts`` (token id lists); yields each step's outputs."""
+        dev = self.device
+        B = len(prompts)
+        for comp in self.bound.components:
+            if hasattr(comp, "reset"):
+                comp.reset()
+        rows = [RowState(i, list(p), len(p), m, stop) for i, (p, m) in enumerate(zip(prompts, max_new_tokens))]
+        verify_gens = [make_generator(s, dev) for s in seeds]
+        draft_gens = [make_generator(None if s is None else s + 7919, dev) for s in seeds]
+        history = [RowHistory() for _ in range(B)]
+        lens = [len(p) for p in prompts]
+        longest = max(lens)
+        kv = BatchedKV(self.target, B, dev, capacity=longest + max(max_new_tokens) + 32)
+
+        # -- prefill: right-padded, so padding never precedes a real token ---------------
+        t0 = time.perf_counter()
+        ids = torch.zeros(B, longest, dtype=torch.long)
+        for b, p in enumerate(prompts):
+            ids[b, : len(p)] = torch.tensor(p)
+        valid = None
+        if min(lens) != longest:
+            valid = torch.arange(longest)[None, :] < torch.tensor(lens)[:, None]
+            valid = valid.to(dev)
+        out = kv.forward(ids.to(dev), valid)
+        last = torch.tensor(lens, device=dev) - 1
+        logits = out.logits[torch.arange(B, device=dev), last]
+        first = sample_next(logits, sampling, verify_gens).tolist()
+        hidden = dict(self.capture.states) if self.capture else {}
+        hidden_valid = torch.tensor(lens, device=dev)
+        del out, logits
+        prefill_s = time.perf_counter() - t0
+        if on_prefill:
+            on_prefill(B, prefill_s)
+        outputs = [self._emit(r, [t], eos_ids) for r, t in zip(rows, first)]
+        yield outputs
+
+        active = [b for b, r in enumerate(rows) if r.finish_reason is None]
+        if active and len(active) < B:
+            keep = torch.tensor(active, device=dev)
+            kv.select_rows(keep)
+            hidden = {k: v.index_select(0, keep) for k, v in hidden.items()}
+            hidden_valid = hidden_valid.index_select(0, keep)
+        step = 0
+        cuda = dev.type == "cuda"
+        while active:
+            step += 1
+            t_step = time.perf_counter()
+            if cuda:
+                ev0 = torch.cuda.Event(enable_timing=True)
+                ev1 = torch.cuda.Event(enable_timing=True)
+                ev0.record()
+            act_rows = [rows[b] for b in active]
+            nb = len(active)
+            ctx = StepContext(
+                step=step,
+                sequences=[r.tokens for r in act_rows],
+                row_ids=[r.request for r in act_rows],
+                max_draft=None,  # set below
+                max_draft_list=[],
+                min_confidence=None,
+                sampling=sampling,
+                generators=[draft_gens[b] for b in active],
+                history=[history[b] for b in active],
+                target=self.target,
+                tokenizer=self.tokenizer,
+                device=dev,
+                vocab_size=self.vocab_size,
+                hidden_states=hidden,
+                hidden_positions=hidden_valid,
+            )
+            # 1. budget (never draft past a row's max_new_tokens)
+            failure = None
+            proposal = None
+            t_a = time.perf_counter()
+            if self.bound.propose is not None:
+                try:
+                    budget = self.bound.budget(ctx=ctx)
+                    room = [r.max_new - r.generated - 1 for r in act_rows]
+                    limits = [max(0, min(k, m)) for k, m in zip(budget.max_draft.tolist(), room)]
+                    ctx.max_draft = torch.tensor(limits, device=dev)
+                    ctx.max_draft_list = limits
+                    ctx.min_confidence = budget.min_confidence
+                    t_b = time.perf_counter()
+                    # 2. draft
+                    if max(limits) > 0:
+                        proposal = self.bound.propose(ctx=ctx)
+                        if proposal is not None:
+                            self._check_proposal(proposal, nb, limits)
+                except Exception as exc:  # the step falls back to plain decoding
+                    failure = f"propose failed: {type(exc).__name__}: {exc}"
+                    log.warning("strategy %r %s; falling back to plain decoding for this step", self.bound.name, failure)
+                    proposal = None
+            else:
+                t_b = t_a
+            t_c = time.perf_counter()
+            if proposal is not None and proposal.max_len == 0:
+                proposal = None
+            pending = torch.tensor([r.tokens[-1] for r in act_rows], device=dev)
+            if proposal is None:
+                inp = pending[:, None]
+                inp_valid = None
+                K = 0
+            else:
+                K = proposal.max_len
+                inp = torch.cat([pending[:, None], proposal.tokens], dim=1)
+                slot = torch.arange(K + 1, device=dev)
+                inp_valid = slot[None, :] <= proposal.lengths[:, None]
+                if bool(inp_valid.all()):
+                    inp_valid = None
+            # 3. verify forward
+            npos_before = kv.npos.clone()
+            out = kv.forward(inp, inp_valid)
+            logits = out.logits
+            t_d = time.perf_counter()
+            if proposal is None:
+                nxt = sample_next(logits[:, 0], sampling, [verify_gens[b] for b in active])
+                result = VerifyResult(torch.zeros(nb, dtype=torch.long, device=dev), nxt[:, None])
+            else:
+                vctx = ctx
+                vctx.generators = [verify_gens[b] for b in active]
+                try:
+                    result = self.bound.verify(ctx=vctx, proposal=proposal, logits=logits)
+                except Exception as exc:
+                    failure = f"verify failed: {type(exc).__name__}: {exc}"
+                    log.warning("strategy %r %s; falling back to plain decoding for this step", self.bound.name, failure)
+                    nxt = sample_next(logits[:, 0], sampling, vctx.generators)
+                    result = VerifyResult(torch.zeros(nb, dtype=torch.long, device=dev), nxt[:, None])
+                ctx.generators = [draft_gens[b] for b in active]
+            t_e = time.perf_counter()
+            # 4. roll back rejected slots, append what was emitted
+            kv.truncate(npos_before + 1 + result.accepted)
+            accepted = result.accepted.tolist()
+            emitted_rows = result.emitted.tolist()
+            outputs = []
+            drafted = proposal.lengths.tolist() if proposal is not None else [0] * nb
+            emitted_counts = []
+            for i, b in enumerate(active):
+                a = accepted[i]
+                new = emitted_rows[i][: a + 1]
+                o = self._emit(rows[b], new, eos_ids)
+                outputs.append(o)
+                emitted_counts.append(len(o.tokens))
+                h = history[b]
+                h.accepted = h.accepted * HISTORY_DECAY + a
+                h.rejected = h.rejected * HISTORY_DECAY + (1 if a < drafted[i] else 0)
+                h.drafted += drafted[i]
+                h.accepted_total += a
+                h.steps += 1
+            if self.capture:
+                hidden = dict(self.capture.states)
+                hidden_valid = result.accepted + 1
+            yield outputs
+            t_f = time.perf_counter()
+            # statistics
+            step_s = t_f - t_step
+            dev_s = None
+            if cuda:
+                ev1.record()
+                ev1.synchronize()
+                dev_s = ev0.elapsed_time(ev1) / 1000
+            peak = torch.cuda.max_memory_allocated(dev) if cuda else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            conf = ent = [None] * nb
+            if proposal is not None and proposal.confidence is not None:
+                conf = proposal.confidence[:, 0].tolist()
+            if proposal is not None and proposal.entropy is not None:
+                ent = proposal.entropy[:, 0].tolist()
+            fwd_s = t_d - t_c
+            event = StepStats(
+                kind="step",
+                step=step,
+                row_ids=ctx.row_ids,
+                step_time_s=step_s,
+                device_time_s=dev_s,
+                peak_memory_bytes=peak,
+                drafted=drafted,
+                accepted=accepted if proposal is not None else [0] * nb,
+                emitted=emitted_counts,
+                sources=[proposal.source_of(i) if proposal is not None and drafted[i] else "" for i in range(nb)],
+                confidence=conf,
+                entropy=ent,
+                stage_s={
+                    "budget": t_b - t_a,
+                    "draft": t_c - t_b,
+                    "verify_forward": fwd_s,
+                    "accept": t_e - t_d,
+                    "update": t_f - t_e,
+                },
+                target_forward_s=fwd_s,
+                draft_forward_s=ctx.model_time_s,
+                overhead_s=max(0.0, step_s - fwd_s - ctx.model_time_s),
+                verify_tokens=K + 1,
+                failure=failure,
+            )
+            for sink in self.bound.sinks:
+                sink(event=event)
+            # drop finished rows from the batch
+            still = [b for b in active if rows[b].finish_reason is None]
+            if still and len(still) < len(active):
+                pos = {b: i for i, b in enumerate(active)}
+                keep = torch.tensor([pos[b] for b in still], device=dev)
+                kv.select_rows(keep)
+                if self.capture:
+                    hidden = {k: v.index_select(0, keep) for k, v in hidden.items()}
+                    hidden_valid = hidden_valid.index_select(0, keep)
+            active = still
+
+    def _check_proposal(self, p: DraftProposal, batch: int, limits: list[int]) -> None:
+        if p.tokens.shape[0] != batch:
+            raise ValueError(f"proposal has {p.tokens.shape[0]} rows, the batch has {batch}")
+        if p.max_len == 0:
+            return
+        lens = p.lengths.tolist()
+        for b, (n, m) in enumerate(zip(lens, limits)):
+            if n < 0 or n > m or n > p.max_len:
+                raise ValueError(f"proposal row {b} has length {n}, allowed 0..{min(m, p.max_len)}")
+        lo, hi = int(p.tokens.min()), int(p.tokens.max())
+        if lo < 0 or hi >= self.vocab_size:
+            raise ValueError(f"proposal has token ids outside [0, {self.vocab_size})")
+
+    def _emit(self, row: RowState, new: list[int], eos_ids: set[int]) -> StepOutput:
+        """Append ``new`` tokens to ``row`` up to the first stop; return what was kept."""
+        kept = []
+        for t in new:
+            row.tokens.append(t)
+            row.generated += 1
+            kept.append(t)
+            if t in eos_ids:
+                row.finish_reason = "stop"
+                break
+            if row.stop and self._hits_stop(row):
+                row.finish_reason = "stop"
+                break
+            if row.generated >= row.max_new:
+                row.finish_reason = "length"
+                break
+        return StepOutput(row.request, kept, row.finish_reason)
+
+    def _hits_stop(self, row: RowState) -> bool:
+        width = max(len(s) for s in row.stop) + 2
+        tail = row.tokens[max(row.prompt_len, len(row.tokens) - width) :]
+        text = self.tokenizer.decode(tail, skip_special_tokens=True)
+        return any(s in text for s in row.stop)

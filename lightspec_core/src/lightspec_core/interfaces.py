@@ -1,0 +1,146 @@
+"""The objects that flow through the per-step hooks.
+
+Shapes use B = active rows this step, K = longest draft this step, V = vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .sampling import SamplingParams
+
+
+@dataclass
+class DraftProposal:
+    """Draft tokens for every active row.
+
+    tokens:     [B, K] int64; row b's draft is ``tokens[b, :lengths[b]]`` (the rest is padding)
+    lengths:    [B] int64
+    probs:      [B, K, V] float or None — the warped draft distribution each token was
+                sampled from; None means "no probabilities" (n-gram style: verified as one-hot)
+    confidence: [B, K] float or None — the drafter's peak probability per slot (for stats/policies)
+    entropy:    [B, K] float or None — the drafter's entropy per slot
+    source:     component name, or one name per row (for statistics)
+    """
+
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    probs: torch.Tensor | None = None
+    confidence: torch.Tensor | None = None
+    entropy: torch.Tensor | None = None
+    source: str | list[str] = ""
+
+    def __post_init__(self):
+        if self.tokens.dim() != 2:
+            raise ValueError(f"DraftProposal.tokens must be [B, K], got shape {tuple(self.tokens.shape)}")
+        if self.lengths.shape != (self.tokens.shape[0],):
+            raise ValueError(
+                f"DraftProposal.lengths must be [B]={self.tokens.shape[0]}, got shape {tuple(self.lengths.shape)}"
+            )
+
+    @property
+    def max_len(self) -> int:
+        return self.tokens.shape[1]
+
+    def source_of(self, row: int) -> str:
+        return self.source if isinstance(self.source, str) else self.source[row]
+
+    @staticmethod
+    def empty(batch: int, device: torch.device, source: str = "") -> "DraftProposal":
+        return DraftProposal(
+            tokens=torch.zeros(batch, 0, dtype=torch.long, device=device),
+            lengths=torch.zeros(batch, dtype=torch.long, device=device),
+            source=source,
+        )
+
+
+@dataclass
+class VerifyResult:
+    """accepted: [B] int64 number of draft tokens kept per row.
+    emitted:  [B, K+1] int64: row b emits ``emitted[b, :accepted[b] + 1]`` (accepted drafts,
+              then one corrected or bonus token); the rest is -1."""
+
+    accepted: torch.Tensor
+    emitted: torch.Tensor
+
+
+@dataclass
+class Budget:
+    """max_draft: [B] int64 most tokens a drafter may propose per row this step (0 = don't draft).
+    min_confidence: [B] float — drafters that know their confidence stop a row's draft
+    when its peak probability falls below this."""
+
+    max_draft: torch.Tensor
+    min_confidence: torch.Tensor
+
+
+@dataclass
+class RowHistory:
+    """Online acceptance statistics of one request (decayed sums, see ``budget.py``)."""
+
+    accepted: float = 0.0  # decayed count of accepted draft tokens
+    rejected: float = 0.0  # decayed count of rejections (verifies that stopped early)
+    drafted: int = 0
+    accepted_total: int = 0
+    steps: int = 0
+    idle_steps: int = 0  # consecutive steps without a draft
+
+    def acceptance(self, prior: float = 0.6, prior_weight: float = 2.0) -> float:
+        """Estimated per-token acceptance probability (geometric model, with a prior)."""
+        return (self.accepted + prior * prior_weight) / (self.accepted + self.rejected + prior_weight)
+
+
+@dataclass
+class StepContext:
+    """What a component sees at one decode step.
+
+    sequences:   one Python list of token ids per active row (prompt + emitted so far;
+                 the last element is the newest token, not yet run through the target)
+    row_ids:     the request index of each active row (rows leave the batch when done)
+    max_draft:   [B] int64 and ``max_draft_list`` (Python ints) from the budget policy
+    min_confidence: [B] float from the budget policy
+    sampling:    the request's ``SamplingParams`` (warp draft logits with ``sampling.warped_probs``)
+    generators:  one ``torch.Generator`` per row for the drafter's own sampling
+    hidden_states: {layer id: [B, q, H]} captured on the last target forward, for the
+                 layers the components asked for; ``hidden_positions`` [B] says which of the
+                 q slots holds the newest accepted token of each row
+    history:     one ``RowHistory`` per row
+    prefix / prefix_lengths: [B, P] / [B] tokens another drafter already proposed this step
+                 (cascades): a drafter continues after them
+    """
+
+    step: int
+    sequences: list[list[int]]
+    row_ids: list[int]
+    max_draft: torch.Tensor
+    max_draft_list: list[int]
+    min_confidence: torch.Tensor
+    sampling: SamplingParams
+    generators: list[torch.Generator]
+    history: list[RowHistory]
+    target: Any
+    tokenizer: Any
+    device: torch.device
+    vocab_size: int
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
+    hidden_positions: torch.Tensor | None = None
+    prefix: torch.Tensor | None = None
+    prefix_lengths: torch.Tensor | None = None
+    model_time_s: float = 0.0  # drafters add the time of their own model forwards here
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def batch(self) -> int:
+        return len(self.sequences)
+
+    def with_budget(self, max_draft: torch.Tensor, max_draft_list: list[int] | None = None) -> "StepContext":
+        """A shallow copy with another draft budget (used by combinations)."""
+        import copy
+
+        c = copy.copy(self)
+        c.max_draft = max_draft
+        c.max_draft_list = max_draft.tolist() if max_draft_list is None else max_draft_list
+        return c

@@ -1,0 +1,113 @@
+"""Find the parts of a Hugging Face causal LM that speculation needs, generically.
+
+* ``decoder_layers(model)``: the ModuleList of transformer blocks, with its owner.
+* ``early_exit_view(model, n)``: the same model using only its first n blocks (weights
+  shared, nothing copied) — the self-speculation drafter.
+* ``HiddenCapture``: forward hooks that record the hidden states entering the given
+  blocks on every forward, so drafters that need them get exactly those layers.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+def decoder_layers(model: nn.Module) -> tuple[list[str], nn.ModuleList]:
+    """Return (attribute path from ``model`` to the block list, the block list)."""
+    n = getattr(model.config, "num_hidden_layers", None) or getattr(model.config, "n_layer", None)
+    best: tuple[list[str], nn.ModuleList] | None = None
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 0 and (n is None or len(module) == n):
+            path = name.split(".")
+            if best is None or len(path) < len(best[0]):
+                best = (path, module)
+    if best is None:
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+    return best
+
+
+def num_layers(model: nn.Module) -> int:
+    return len(decoder_layers(model)[1])
+
+
+def early_exit_view(model: nn.Module, n_layers: int) -> nn.Module:
+    """A shallow copy of ``model`` whose block list holds only its first ``n_layers``
+    blocks.  Embeddings, final norm and lm_head are the target's own modules."""
+    path, layers = decoder_layers(model)
+    if not 1 <= n_layers <= len(layers):
+        raise ValueError(f"layers={n_layers} is invalid: use 1..{len(layers)} for this model")
+    config = copy.copy(model.config)
+    for attr in ("num_hidden_layers", "n_layer", "num_layers"):
+        if hasattr(config, attr) and isinstance(getattr(config, attr), int):
+            setattr(config, attr, n_layers)
+    root = _shallow(model)
+    root.config = config
+    owner = root
+    for attr in path[:-1]:
+        child = _shallow(getattr(owner, attr))
+        if hasattr(child, "config"):
+            child.config = config
+        owner._modules[attr] = child
+        owner = child
+    owner._modules[path[-1]] = nn.ModuleList(list(layers)[:n_layers])
+    return root
+
+
+def _shallow(module: nn.Module) -> nn.Module:
+    clone = copy.copy(module)
+    clone._modules = dict(module._modules)
+    return clone
+
+
+class HiddenCapture:
+    """Record hidden states on every forward of ``model``.
+
+    Layer id ``i`` follows HF's ``output_hidden_states`` numbering: 0 is the embedding
+    output, i in 1..N-1 is the output of block i-1 (the input of block i), and N is the
+    output of the last block after the final norm.  ``states[i]`` is ``[B, q, H]``.
+    """
+
+    def __init__(self, model: nn.Module, layer_ids: list[int]):
+        _, layers = decoder_layers(model)
+        n = len(layers)
+        self.states: dict[int, torch.Tensor] = {}
+        self.handles = []
+        for i in sorted(set(layer_ids)):
+            if not 0 <= i <= n:
+                raise ValueError(f"hidden layer id {i} is invalid: use 0..{n} for this model")
+            if i < n:
+                self.handles.append(layers[i].register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
+            else:
+                norm = _final_norm(model)
+                self.handles.append(norm.register_forward_hook(self._post_hook(i)))
+
+    def _pre_hook(self, i):
+        def hook(module, args, kwargs):
+            self.states[i] = args[0] if args else kwargs["hidden_states"]
+
+        return hook
+
+    def _post_hook(self, i):
+        def hook(module, args, output):
+            self.states[i] = output
+
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
+def _final_norm(model: nn.Module) -> nn.Module:
+    path, _ = decoder_layers(model)
+    owner = model
+    for attr in path[:-1]:
+        owner = getattr(owner, attr)
+    for name in ("norm", "final_layernorm", "ln_f", "final_layer_norm", "norm_f"):
+        if hasattr(owner, name):
+            return getattr(owner, name)
+    raise ValueError(f"cannot find the final norm of {type(model).__name__}")

@@ -1,0 +1,78 @@
+"""Sampling parameters and the logits warping that HF ``generate`` applies.
+
+Verification must compare the *warped* distributions actually sampled from, so the
+target and every drafter warp with these same functions.  Order matches
+``transformers``: temperature, then top-k, then top-p, then min-p.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings.  ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature={self.temperature!r} is invalid: use a finite number >= 0 (0 = greedy)")
+        if not (isinstance(self.top_k, int) and self.top_k >= 0):
+            raise ValueError(f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 = off)")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1]")
+        if not (isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1):
+            raise ValueError(f"min_p={self.min_p!r} is invalid: use a number in [0, 1)")
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise ValueError(f"seed={self.seed!r} is invalid: use an integer or None")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Apply temperature/top-k/top-p/min-p to ``logits [..., V]``; returns fp32 logits
+    with removed tokens set to -inf (same rules and tie handling as HF's warpers)."""
+    x = logits.float()
+    if params.temperature not in (0, 1):
+        x = x / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_x, sorted_idx = torch.sort(x, dim=-1, descending=False)
+        cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= (1 - params.top_p)
+        remove_sorted[..., -1:] = False  # keep at least one token
+        remove = remove_sorted.scatter(-1, sorted_idx, remove_sorted)
+        x = x.masked_fill(remove, float("-inf"))
+    if params.min_p > 0:
+        probs = x.softmax(dim=-1)
+        top = probs.amax(dim=-1, keepdim=True)
+        x = x.masked_fill(probs < params.min_p * top, float("-inf"))
+    return x
+
+
+def warped_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """``softmax(warp_logits(logits))`` in fp32, shape as ``logits``."""
+    return warp_logits(logits, params).softmax(dim=-1)
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """A generator for one request: seeded when ``seed`` is given, else from OS entropy."""
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g

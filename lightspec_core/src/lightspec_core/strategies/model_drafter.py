@@ -1,0 +1,221 @@
+"""Drafting with a causal LM: a separate small model (``draft_model``) or the target's
+own first layers (``layerskip``).  Both keep their own KV cache in step with the
+target: before drafting, each row's cache is cut back to the longest prefix that the
+target accepted and the tokens it lacks are fed in one batched forward.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..hookspecs import hookimpl
+from ..interfaces import DraftProposal, StepContext
+from ..kvcache import BatchedKV
+from ..model_parts import early_exit_view, num_layers
+from ..sampling import warp_logits
+
+
+class ModelDrafter:
+    """Autoregressive drafting with a causal LM that shares the target's tokenizer.
+
+    Per row it stops when ``max_draft`` is reached or when the draft's peak probability
+    falls below the budget's ``min_confidence`` (the dynamic draft-length rule).
+    """
+
+    name = "draft_model"
+
+    def __init__(self, max_draft: int = 8, model=None):
+        if not (isinstance(max_draft, int) and max_draft >= 1):
+            raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
+        self.max_draft = max_draft
+        self.model = model
+        self.kv: BatchedKV | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def setup(self, env) -> None:
+        """Load the draft model named by the pipeline (``--draft-model``)."""
+        if self.model is None:
+            if env.draft_model is None:
+                from ..errors import LightSpecError
+
+                raise LightSpecError("strategy 'draft_model' needs a draft model: pass --draft-model PATH (or draft_model=...)")
+            self.model = env.load_draft_model()
+        self._check_vocab(env)
+
+    def _check_vocab(self, env) -> None:
+        dv = self.model.get_output_embeddings().weight.shape[0]
+        tv = env.target.get_output_embeddings().weight.shape[0]
+        if dv < len(env.tokenizer) or tv < len(env.tokenizer):
+            from ..errors import LightSpecError
+
+            raise LightSpecError(
+                f"draft model vocabulary ({dv}) does not cover the target tokenizer ({len(env.tokenizer)} tokens): "
+                "the draft model must share the target's tokenizer"
+            )
+        self.vocab = tv
+
+    def reset(self) -> None:
+        self.kv = None
+
+    # -- drafting -------------------------------------------------------------------------
+
+    @hookimpl
+    def lightspec_propose(self, ctx: StepContext) -> DraftProposal | None:
+        limits = [min(m, self.max_draft) for m in ctx.max_draft_list]
+        if max(limits) == 0:
+            return None
+        t0 = time.perf_counter()
+        logits = self._sync(ctx)  # [B, V] next-token logits of the draft after the context
+        B = ctx.batch
+        dev = ctx.device
+        sampling = ctx.sampling
+        k_max = max(limits)
+        tokens = torch.zeros(B, k_max, dtype=torch.long, device=dev)
+        conf = torch.zeros(B, k_max, device=dev)
+        ent = torch.zeros(B, k_max, device=dev)
+        probs = None if sampling.greedy else torch.zeros(B, k_max, logits.shape[-1], device=dev)
+        lengths = torch.zeros(B, dtype=torch.long, device=dev)
+        limit_t = torch.tensor(limits, device=dev)
+        active = limit_t > 0
+        min_conf = ctx.min_confidence
+        for j in range(k_max):
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            p = logp.exp()
+            peak, arg = p.max(dim=-1)
+            if sampling.greedy:
+                tok = arg
+            else:
+                q = warp_logits(logits, sampling).softmax(dim=-1)
+                noise = torch.stack([torch.empty(q.shape[-1], device=dev).exponential_(generator=g) for g in ctx.generators])
+                tok = (q / noise).argmax(dim=-1)
+                probs[:, j] = q
+            tokens[:, j] = tok
+            conf[:, j] = peak
+            ent[:, j] = -(p * logp).nan_to_num().sum(-1)
+            # a row keeps this token if it is still drafting; it goes on while confident
+            lengths += active.long()
+            active = active & (lengths < limit_t) & (peak >= min_conf)
+            if not bool(active.any()):
+                break
+            out = self.kv.forward(tok[:, None], active[:, None])
+            logits = out.logits[:, -1]
+            for b in range(B):
+                if active[b]:
+                    self.fed[b].append(int(tok[b]))
+        ctx.model_time_s += time.perf_counter() - t0
+        k = int(lengths.max())
+        return DraftProposal(
+            tokens=tokens[:, :k],
+            lengths=lengths,
+            probs=None if probs is None else probs[:, :k],
+            confidence=conf[:, :k],
+            entropy=ent[:, :k],
+            source=self.name,
+        )
+
+    def _sync(self, ctx: StepContext) -> torch.Tensor:
+        """Bring the draft cache to each row's context; return the logits after it [B, V]."""
+        B = ctx.batch
+        contexts = ctx.sequences
+        if ctx.prefix is not None:
+            pl = ctx.prefix_lengths.tolist()
+            pre = ctx.prefix.tolist()
+            contexts = [seq + pre[b][: pl[b]] for b, seq in enumerate(contexts)]
+        if self.kv is None:
+            self.kv = BatchedKV(self.model, B, ctx.device, capacity=max(len(s) for s in contexts) + 64)
+            self.fed = [[] for _ in range(B)]
+            self.base = [0] * B  # per row: this many tokens of `fed` are known to match the context
+            self.row_ids = list(ctx.row_ids)
+        elif self.row_ids != ctx.row_ids:
+            pos = {r: i for i, r in enumerate(self.row_ids)}
+            keep = [pos[r] for r in ctx.row_ids]
+            self.kv.select_rows(torch.tensor(keep, device=ctx.device))
+            self.fed = [self.fed[i] for i in keep]
+            self.base = [self.base[i] for i in keep]
+            self.row_ids = list(ctx.row_ids)
+        keep_n = []
+        new = []
+        for b in range(B):
+            fed, seq = self.fed[b], contexts[b]
+            n = min(len(fed), len(seq) - 1)  # always feed at least the newest token
+            # sequences only grow: everything before `base` matched last time, compare the rest
+            c = min(self.base[b], n)
+            while c < n and fed[c] == seq[c]:
+                c += 1
+            keep_n.append(c)
+            new.append(seq[c:])
+            self.fed[b] = list(seq)
+            self.base[b] = len(ctx.sequences[b])
+        self.kv.truncate(torch.tensor(keep_n, device=ctx.device))
+        width = max(len(t) for t in new)
+        ids = torch.zeros(B, width, dtype=torch.long)
+        valid = torch.zeros(B, width, dtype=torch.bool)
+        for b, t in enumerate(new):
+            ids[b, : len(t)] = torch.tensor(t)
+            valid[b, : len(t)] = True
+        ids, valid = ids.to(ctx.device), valid.to(ctx.device)
+        all_valid = bool(valid.all())
+        out = self.kv.forward(ids, None if all_valid else valid)
+        last = torch.tensor([len(t) - 1 for t in new], device=ctx.device)
+        return out.logits[torch.arange(B, device=ctx.device), last]
+
+
+class LayerSkipDrafter(ModelDrafter):
+    """Self-speculation: draft with the target's first L blocks plus its final norm and
+    lm_head (training-free).  ``layers="auto"`` picks L on the first prompt by measuring
+    how often the early exit agrees with the full model."""
+
+    name = "layerskip"
+
+    def __init__(self, max_draft: int = 6, layers: int | str = "auto"):
+        super().__init__(max_draft=max_draft)
+        if not (layers == "auto" or (isinstance(layers, int) and layers >= 1)):
+            raise ValueError(f"layers={layers!r} is invalid: use 'auto' or an integer >= 1")
+        self.layers = layers
+        self.target = None
+
+    def setup(self, env) -> None:
+        self.target = env.target
+        n = num_layers(env.target)
+        if self.layers != "auto":
+            if self.layers >= n:
+                raise ValueError(f"layers={self.layers} is invalid: this model has {n} layers, use 1..{n - 1}")
+            self.model = early_exit_view(env.target, self.layers)
+        self._check_vocab(env)
+
+    @hookimpl
+    def lightspec_propose(self, ctx: StepContext) -> DraftProposal | None:
+        if self.model is None:
+            self.layers = choose_exit_layer(self.target, ctx.sequences[0])
+            self.model = early_exit_view(self.target, self.layers)
+        return super().lightspec_propose(ctx)
+
+
+@torch.no_grad()
+def choose_exit_layer(model, tokens: list[int], k: int = 4) -> int:
+    """Pick the exit layer L maximising expected tokens per unit of work.
+
+    For each L, a = how often argmax(lm_head(norm(h_L))) equals the full model's argmax on
+    ``tokens``; with k drafted tokens a verify yields (1 - a^(k+1)) / (1 - a) tokens and
+    costs about 1 + k * L / N full forwards.
+    """
+    n = num_layers(model)
+    ids = torch.tensor([tokens[-512:]], device=model.device)
+    out = model(input_ids=ids, output_hidden_states=True)
+    full = out.logits.argmax(-1)
+    head = model.get_output_embeddings()
+    from ..model_parts import _final_norm
+
+    norm = _final_norm(model)
+    best, best_score = 1, -1.0
+    for L in range(1, n):
+        agree = float((head(norm(out.hidden_states[L])).argmax(-1) == full).float().mean())
+        a = min(agree, 0.999)
+        gain = (1 - a ** (k + 1)) / (1 - a)
+        score = gain / (1 + k * L / n)
+        if score > best_score:
+            best, best_score = L, score
+    return best

@@ -1,0 +1,55 @@
+"""The standard chain verifier: greedy matching or lossless rejection sampling.
+
+Both run through ``lightspec_kernels.chain_verify`` (Triton on CUDA, PyTorch elsewhere).
+Sampling compares the *warped* target distribution with the drafter's warped one; the
+random numbers come from each request's own generator, so a seeded request is
+reproducible whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+import torch
+from lightspec_kernels import chain_verify
+
+from .hookspecs import hookimpl
+from .interfaces import DraftProposal, StepContext, VerifyResult
+from .sampling import warped_probs
+
+
+class StandardVerifier:
+    """Greedy: keep drafts while they equal the target's argmax.  Sampling: accept with
+    min(1, p/q), resample from norm(max(p - q, 0)) on rejection, bonus token when all pass."""
+
+    name = "standard"
+
+    @hookimpl
+    def lightspec_verify(self, ctx: StepContext, proposal: DraftProposal, logits: torch.Tensor) -> VerifyResult:
+        return verify_chain(ctx, proposal, logits)
+
+
+def verify_chain(ctx: StepContext, proposal: DraftProposal, logits: torch.Tensor) -> VerifyResult:
+    """``logits [B, K+1, V]`` → VerifyResult."""
+    if ctx.sampling.greedy:
+        accepted, emitted = chain_verify(proposal.tokens, proposal.lengths, logits)
+        return VerifyResult(accepted, emitted)
+    p = warped_probs(logits, ctx.sampling)
+    B, K = proposal.tokens.shape
+    uniforms, exps = random_inputs(ctx.generators, K, p.shape[-1], p.device)
+    accepted, emitted = chain_verify(proposal.tokens, proposal.lengths, p, proposal.probs, uniforms, exps)
+    return VerifyResult(accepted, emitted)
+
+
+def random_inputs(generators: list[torch.Generator], k: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row random numbers for one verification: uniforms [B, k] and Exp(1) noise [B, V]."""
+    uniforms = torch.stack([torch.rand(k, generator=g, device=device) for g in generators])
+    exps = torch.stack([torch.empty(vocab, device=device).exponential_(generator=g) for g in generators])
+    return uniforms, exps
+
+
+def sample_next(logits: torch.Tensor, ctx_sampling, generators) -> torch.Tensor:
+    """One plain decoding step from ``logits [B, V]`` → tokens [B]."""
+    if ctx_sampling.greedy:
+        return logits.argmax(dim=-1)
+    p = warped_probs(logits, ctx_sampling)
+    exps = torch.stack([torch.empty(p.shape[-1], device=p.device).exponential_(generator=g) for g in generators])
+    return (p / exps).argmax(dim=-1)
