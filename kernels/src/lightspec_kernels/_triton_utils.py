@@ -17,8 +17,8 @@ if HAS_TRITON:
         for start in range(0, n_cols, BLOCK_V):
             idx = start + offs
             x = tl.load(ptr + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-            bm = tl.max(x, 0)
-            bi = tl.min(tl.where(x == bm, idx, 2147483647), 0)
+            bm, bi = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
+            bi = bi + start
             upd = bm > best
             best_i = tl.where(upd, bi, best_i)
             best = tl.where(upd, bm, best)
@@ -36,8 +36,8 @@ if HAS_TRITON:
             r = tl.load(r_ptr + idx, mask=msk, other=0.0).to(tl.float32)
             e = tl.load(e_ptr + idx, mask=msk, other=1.0).to(tl.float32)
             key = tl.where(msk, tl.math.div_rn(r, e), float("-inf"))
-            bm = tl.max(key, 0)
-            bi = tl.min(tl.where(key == bm, idx, 2147483647), 0)
+            bm, bi = tl.max(key, 0, return_indices=True, return_indices_tie_break_left=True)
+            bi = bi + start
             upd = bm > best
             best_i = tl.where(upd, bi, best_i)
             best = tl.where(upd, bm, best)

@@ -144,13 +144,13 @@ if HAS_TRITON:
             any_pos = tl.maximum(any_pos, tl.max(tl.where(msk & (res > 0), 1, 0), 0))
             kp = tl.where(msk, tl.math.div_rn(p, e), float("-inf"))
             kr = tl.where(msk, tl.math.div_rn(res, e), float("-inf"))
-            bm = tl.max(kp, 0)
-            bi = tl.min(tl.where(kp == bm, idx, 2147483647), 0)
+            bm, bi = tl.max(kp, 0, return_indices=True, return_indices_tie_break_left=True)
+            bi = bi + start
             upd = bm > best_p
             best_pi = tl.where(upd, bi, best_pi)
             best_p = tl.where(upd, bm, best_p)
-            bm = tl.max(kr, 0)
-            bi = tl.min(tl.where(kr == bm, idx, 2147483647), 0)
+            bm, bi = tl.max(kr, 0, return_indices=True, return_indices_tie_break_left=True)
+            bi = bi + start
             upd = bm > best_r
             best_ri = tl.where(upd, bi, best_ri)
             best_r = tl.where(upd, bm, best_r)

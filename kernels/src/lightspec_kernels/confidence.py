@@ -10,9 +10,10 @@ For every row of ``logits [N, V]`` (fp32, bf16 or fp16) and ``z = logits.float()
   on the temperature)
 * ``topk_probs [N, k] f32`` = softmax(z) at those ids
 
-The Triton kernel keeps a running max, rescaled sum of exponentials and rescaled
-sum of ``e * (z - max)`` (online softmax), plus a k-slot running top-k list, so no
-``[N, V]`` probability tensor is ever materialised.  Rows must contain at least one
+The Triton kernel keeps a running max, rescaled (per-lane) sums of exponentials and
+of ``e * (z - max)`` (online softmax), plus a k-slot running top-k list that a block
+only touches when its max beats the current k-th value, so no ``[N, V]`` probability
+tensor is ever materialised and a block costs one cross-thread reduction.  Rows must contain at least one
 finite logit.  ``top_k`` is 0 (no top-k) to 16.
 """
 
@@ -95,9 +96,12 @@ if HAS_TRITON:
         offs = tl.arange(0, BLOCK_V)
         BIG: tl.constexpr = 2147483647
         NEG_INF: tl.constexpr = float("-inf")
-        m = tl.full((), NEG_INF, tl.float32)  # running max of z
-        s = tl.zeros((), tl.float32)  # sum exp(z - m)
-        t = tl.zeros((), tl.float32)  # sum exp(z - m) * (z - m)
+        # Online softmax with a scalar running max m and per-lane partial sums, so each
+        # block costs one reduction (its max, shared with the top-k check):
+        #   s_vec = sum exp(z - m),  t_vec = sum exp(z - m) * (z - m)   (per lane)
+        m = tl.full((), NEG_INF, tl.float32)
+        s_vec = tl.zeros((BLOCK_V,), tl.float32)
+        t_vec = tl.zeros((BLOCK_V,), tl.float32)
         kk = tl.arange(0, KP)
         vals = tl.where(kk < TOP_K, NEG_INF, float("inf"))  # running top-k (raw fp32 logits)
         ids = tl.where(kk < TOP_K, BIG, -1)
@@ -107,33 +111,38 @@ if HAS_TRITON:
             idx = start + offs
             msk = idx < V
             x = tl.load(base + idx, mask=msk, other=NEG_INF).to(tl.float32)
-            z = x * inv_temp
-            m_new = tl.maximum(m, tl.max(z, 0))
+            bx = tl.max(x, 0)
+            # x -> x * inv_temp is monotone, so the block max of z is bx * inv_temp exactly
+            m_new = tl.maximum(m, bx * inv_temp)
             m_safe = tl.where(m_new == NEG_INF, 0.0, m_new)
             alpha = tl.exp(m - m_safe)
             delta = tl.where(m == NEG_INF, 0.0, m - m_safe)
+            z = x * inv_temp
             e = tl.exp(z - m_safe)
             ed = e * tl.where(e > 0, z - m_safe, 0.0)
-            t = alpha * (t + delta * s) + tl.sum(ed, 0)
-            s = s * alpha + tl.sum(e, 0)
+            t_vec = alpha * (t_vec + delta * s_vec) + ed
+            s_vec = s_vec * alpha + e
             m = m_new
             if TOP_K > 0:
-                kx = tl.where(msk, x, NEG_INF)
-                kidx = tl.where(msk, idx, BIG)
-                bv = tl.max(kx, 0)
-                bi = tl.min(tl.where(kx == bv, kidx, BIG), 0)
-                go = (bi < BIG) & ((bv > wv) | ((bv == wv) & (bi < wi)))
+                kx = x  # out-of-range lanes are -inf ...
+                kidx = tl.where(msk, idx, BIG)  # ... and carry index BIG (never selected)
+                bv = bx
+                go = bv >= wv
                 while go:
+                    bi = tl.min(tl.where(kx == bv, kidx, BIG), 0)
+                    better = (bi < BIG) & ((bv > wv) | (bi < wi))
                     slot = tl.min(tl.where((vals == wv) & (ids == wi), kk, KP), 0)
-                    vals = tl.where(kk == slot, bv, vals)
-                    ids = tl.where(kk == slot, bi, ids)
+                    put = (kk == slot) & better
+                    vals = tl.where(put, bv, vals)
+                    ids = tl.where(put, bi, ids)
                     kidx = tl.where(kidx == bi, BIG, kidx)
                     kx = tl.where(kidx == BIG, NEG_INF, kx)
                     wv = tl.min(vals, 0)
                     wi = tl.max(tl.where(vals == wv, ids, -1), 0)
                     bv = tl.max(kx, 0)
-                    bi = tl.min(tl.where(kx == bv, kidx, BIG), 0)
-                    go = (bi < BIG) & ((bv > wv) | ((bv == wv) & (bi < wi)))
+                    go = better & (bv >= wv)
+        s = tl.sum(s_vec, 0)
+        t = tl.sum(t_vec, 0)
         m_safe = tl.where(m == NEG_INF, 0.0, m)
         log_s = tl.log(s)
         lse = m_safe + log_s
