@@ -25,10 +25,16 @@ P = "*fp32"
 def _cases():
     for dt in ("fp32", "bf16", "fp16"):
         for k in (0, 16):
-            yield "confidence", cs._confidence_kernel, dict(
-                x_ptr=f"*{dt}", stride_row="i64", V="i32", inv_temp="fp32", maxp_ptr=P, ent_ptr=P, lse_ptr=P,
-                ids_ptr="*i64", probs_ptr=P,
-            ), dict(TOP_K=k, KP=max(k, 2), BLOCK_V=4096), {}
+            for split in (False, True):
+                yield "confidence", cs._confidence_kernel, dict(
+                    x_ptr=f"*{dt}", stride_row="i64", V="i32", inv_temp="fp32", maxp_ptr=P, ent_ptr=P, lse_ptr=P,
+                    ids_ptr="*i64", probs_ptr=P, part_ptr=P, pv_ptr=P, pi_ptr="*i32", CHUNK="i32",
+                ), dict(TOP_K=k, KP=max(k, 2), BLOCK_V=4096, SPLIT=split), {}
+    for k in (0, 5):
+        yield "confidence_combine", cs._confidence_combine_kernel, dict(
+            inv_temp="fp32", maxp_ptr=P, ent_ptr=P, lse_ptr=P, ids_ptr="*i64", probs_ptr=P, part_ptr=P, pv_ptr=P,
+            pi_ptr="*i32", S="i32",
+        ), dict(SP=64, TOP_K=k, KP=max(k, 8)), {}
     yield "chain_argmax", cv._chain_argmax_kernel, dict(
         tp_ptr="*bf16", s_tb="i64", s_tk="i64", lens_ptr="*i64", tid_ptr="*i32", K="i32", V="i32",
     ), dict(BLOCK_V=4096), {}

@@ -54,3 +54,19 @@ def test_reference_values_by_hand(force_torch):
     torch.testing.assert_close(out.entropy[1], ent1)
     assert out.topk_ids.tolist() == [[0, 1], [0, 1]]
     torch.testing.assert_close(out.lse[0], torch.log(torch.tensor(4.0)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "N,V,k,splits,block", [(3, 32001, 16, 4, 4096), (5, 4099, 8, 3, 1024), (2, 17, 16, 2, 16), (4, 3001, 0, 3, 512)]
+)
+def test_split_vocabulary_matches_reference(gen, monkeypatch, dtype, N, V, k, splits, block):
+    """The split path (S programs per row + combine kernel, used on GPUs for small N)."""
+    logits = (torch.randn((N, V), generator=gen) * 3).to(dtype)
+    logits[0, : V // 2] = float("-inf")  # whole chunks of -inf
+    if N > 1:
+        logits[1] = torch.randint(0, 3, (V,), generator=gen).to(dtype)  # ties across chunks
+    ref = lk.confidence_stats_ref(logits, 0.9, k)
+    poison_empty(monkeypatch)
+    out = lk.confidence_stats_triton(logits, 0.9, k, num_splits=splits, block_v=block)
+    _compare(out, ref, dtype)

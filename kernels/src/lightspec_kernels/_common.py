@@ -80,3 +80,23 @@ def check_tensor(
 
 def next_pow2(n: int) -> int:
     return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def plan_splits(V: int, block: int, programs: int, device: torch.device, num_splits: int | None) -> tuple[int, int]:
+    """Split a length-V scan into S chunks (multiples of ``block``); returns (S, chunk).
+
+    ``programs`` independent rows already run in parallel; on CUDA the vocabulary is
+    split until there are about four programs per SM, so small batches still use the
+    whole GPU's memory bandwidth.  Elsewhere (interpreter) the default is no split.
+    ``num_splits`` forces a count (capped by the number of blocks).
+    """
+    n_blocks = max(1, -(-V // block))
+    if num_splits is None:
+        if device.type == "cuda":
+            sms = torch.cuda.get_device_properties(device).multi_processor_count
+            num_splits = max(1, -(-4 * sms // max(programs, 1)))
+        else:
+            num_splits = 1
+    s = max(1, min(int(num_splits), n_blocks))
+    chunk = -(-n_blocks // s) * block
+    return -(-V // chunk), chunk

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, next_pow2
+from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, next_pow2, plan_splits
 
 MAX_TOP_K = 16
 
@@ -87,11 +87,20 @@ if HAS_TRITON:
         lse_ptr,  # [N] f32
         ids_ptr,  # [N, TOP_K] int64 (contiguous)
         probs_ptr,  # [N, TOP_K] f32 (contiguous)
+        part_ptr,  # SPLIT: [N, S, 3] f32 partials (m, s, t)
+        pv_ptr,  # SPLIT: [N, S, KP] f32 partial top-k values
+        pi_ptr,  # SPLIT: [N, S, KP] int32 partial top-k ids
+        CHUNK,  # vocabulary entries per program (multiple of BLOCK_V)
         TOP_K: tl.constexpr,
         KP: tl.constexpr,  # power of two >= max(TOP_K, 1)
         BLOCK_V: tl.constexpr,
+        SPLIT: tl.constexpr,  # False: one program per row writes the outputs
     ):
         row = tl.program_id(0).to(tl.int64)
+        split = tl.program_id(1)
+        n_split = tl.num_programs(1)
+        c_lo = split * CHUNK
+        c_hi = tl.minimum(c_lo + CHUNK, V)
         base = x_ptr + row * stride_row
         offs = tl.arange(0, BLOCK_V)
         BIG: tl.constexpr = 2147483647
@@ -107,7 +116,7 @@ if HAS_TRITON:
         ids = tl.where(kk < TOP_K, BIG, -1)
         wv = tl.min(vals, 0)  # worst kept entry: smallest value, then largest index
         wi = tl.max(tl.where(vals == wv, ids, -1), 0)
-        for start in range(0, V, BLOCK_V):
+        for start in range(c_lo, c_hi, BLOCK_V):
             idx = start + offs
             msk = idx < V
             x = tl.load(base + idx, mask=msk, other=NEG_INF).to(tl.float32)
@@ -143,6 +152,27 @@ if HAS_TRITON:
                     go = better & (bv >= wv)
         s = tl.sum(s_vec, 0)
         t = tl.sum(t_vec, 0)
+        if SPLIT:
+            pbase = (row * n_split + split) * 3
+            tl.store(part_ptr + pbase, m)
+            tl.store(part_ptr + pbase + 1, s)
+            tl.store(part_ptr + pbase + 2, t)
+            if TOP_K > 0:
+                kbase = (row * n_split + split) * KP
+                tl.store(pv_ptr + kbase + kk, tl.where(kk < TOP_K, vals, NEG_INF))
+                tl.store(pi_ptr + kbase + kk, tl.where(kk < TOP_K, ids, BIG))
+        else:
+            vals = tl.where(kk < TOP_K, vals, NEG_INF)  # drop the +inf padding slots
+            ids = tl.where(kk < TOP_K, ids, BIG)
+            _confidence_finish(row, m, s, t, vals[None, :], ids[None, :], inv_temp, maxp_ptr, ent_ptr, lse_ptr,
+                               ids_ptr, probs_ptr, TOP_K)
+
+    @triton.jit
+    def _confidence_finish(row, m, s, t, vals, ids, inv_temp, maxp_ptr, ent_ptr, lse_ptr, ids_ptr, probs_ptr,
+                           TOP_K: tl.constexpr):
+        """Write the row's outputs from (m, s, t) and 2D candidate top-k tiles (vals, ids)."""
+        NEG_INF: tl.constexpr = float("-inf")
+        BIG: tl.constexpr = 2147483647
         m_safe = tl.where(m == NEG_INF, 0.0, m)
         log_s = tl.log(s)
         lse = m_safe + log_s
@@ -150,24 +180,60 @@ if HAS_TRITON:
         tl.store(maxp_ptr + row, tl.exp(m - lse))
         tl.store(ent_ptr + row, log_s - t / s)
         if TOP_K > 0:
-            vals = tl.where(kk < TOP_K, vals, NEG_INF)
-            ids = tl.where(kk < TOP_K, ids, BIG)
             for j in tl.static_range(TOP_K):
-                bv = tl.max(vals, 0)
-                bi = tl.min(tl.where(vals == bv, ids, BIG), 0)
+                bv = tl.max(tl.max(vals, 1), 0)
+                bi = tl.min(tl.min(tl.where(vals == bv, ids, BIG), 1), 0)
                 tl.store(ids_ptr + row * TOP_K + j, bi.to(tl.int64))
                 tl.store(probs_ptr + row * TOP_K + j, tl.exp(bv * inv_temp - lse))
                 taken = (vals == bv) & (ids == bi)
                 ids = tl.where(taken, BIG, ids)
                 vals = tl.where(taken, NEG_INF, vals)
 
+    @triton.jit
+    def _confidence_combine_kernel(
+        inv_temp,
+        maxp_ptr, ent_ptr, lse_ptr, ids_ptr, probs_ptr,
+        part_ptr, pv_ptr, pi_ptr,  # partials of _confidence_kernel(SPLIT=True)
+        S,
+        SP: tl.constexpr,  # power of two >= S
+        TOP_K: tl.constexpr,
+        KP: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        NEG_INF: tl.constexpr = float("-inf")
+        BIG: tl.constexpr = 2147483647
+        si = tl.arange(0, SP)
+        ok = si < S
+        pb = (row * S + si) * 3
+        ms = tl.load(part_ptr + pb, mask=ok, other=NEG_INF)
+        ss = tl.load(part_ptr + pb + 1, mask=ok, other=0.0)
+        ts = tl.load(part_ptr + pb + 2, mask=ok, other=0.0)
+        m = tl.max(ms, 0)
+        m_safe = tl.where(m == NEG_INF, 0.0, m)
+        w = tl.exp(ms - m_safe)
+        delta = tl.where(ms == NEG_INF, 0.0, ms - m_safe)
+        s = tl.sum(w * ss, 0)
+        t = tl.sum(w * (ts + delta * ss), 0)
+        kk = tl.arange(0, KP)
+        kb = (row * S + si[:, None]) * KP + kk[None, :]
+        vals = tl.load(pv_ptr + kb, mask=ok[:, None], other=NEG_INF)
+        ids = tl.load(pi_ptr + kb, mask=ok[:, None], other=BIG)
+        _confidence_finish(row, m, s, t, vals, ids, inv_temp, maxp_ptr, ent_ptr, lse_ptr, ids_ptr, probs_ptr, TOP_K)
+
 
 def confidence_stats_triton(
     logits: torch.Tensor,  # [N, V] fp32/bf16/fp16 (CUDA, or CPU under TRITON_INTERPRET=1)
     temperature: float = 1.0,
     top_k: int = 0,
+    *,
+    num_splits: int | None = None,  # vocabulary splits per row (None: auto, see plan_splits)
+    block_v: int | None = None,  # power-of-two block size override (tests)
 ) -> ConfidenceStats:
-    """Triton implementation (no dispatch)."""
+    """Triton implementation (no dispatch).
+
+    Rows are processed by S programs each (split vocabulary) when that is needed to fill
+    the GPU; a second small kernel then merges the partial (max, sums, top-k lists).
+    """
     _check(logits, temperature, top_k)
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -182,13 +248,27 @@ def confidence_stats_triton(
     )
     if N == 0:
         return out
-    block = min(next_pow2(V), 4096 if logits.is_cuda else 16384)
-    _confidence_kernel[(N,)](
-        logits, logits.stride(0), V, 1.0 / float(temperature),
-        out.max_prob, out.entropy, out.lse, out.topk_ids, out.topk_probs,
-        TOP_K=top_k, KP=max(next_pow2(top_k), 2), BLOCK_V=block,
-        num_warps=8 if logits.is_cuda else 1,
+    block = block_v or min(next_pow2(V), 4096 if logits.is_cuda else 16384)
+    S, chunk = plan_splits(V, block, N, dev, num_splits)
+    KP = max(next_pow2(top_k), 2)
+    warps = 8 if logits.is_cuda else 1
+    inv_t = 1.0 / float(temperature)
+    if S > 1:
+        part = torch.empty((N, S, 3), dtype=torch.float32, device=dev)
+        pv = torch.empty((N, S, KP), dtype=torch.float32, device=dev)
+        pi = torch.empty((N, S, KP), dtype=torch.int32, device=dev)
+    else:
+        part = pv = pi = out.max_prob  # unused
+    _confidence_kernel[(N, S)](
+        logits, logits.stride(0), V, inv_t,
+        out.max_prob, out.entropy, out.lse, out.topk_ids, out.topk_probs, part, pv, pi, chunk,
+        TOP_K=top_k, KP=KP, BLOCK_V=block, SPLIT=S > 1, num_warps=warps,
     )
+    if S > 1:
+        _confidence_combine_kernel[(N,)](
+            inv_t, out.max_prob, out.entropy, out.lse, out.topk_ids, out.topk_probs,
+            part, pv, pi, S, SP=max(next_pow2(S), 2), TOP_K=top_k, KP=KP, num_warps=4 if logits.is_cuda else 1,
+        )
     return out
 
 
