@@ -1,8 +1,25 @@
-"""The core's built-in components, registered through the same hook as any plugin."""
+"""The core's built-in components, registered through the same hook as any plugin.
+
+Factories are lazy (``module:Class`` paths imported on first use) so that listing
+components — and ``lightspec --help`` — does not import torch.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 from .hookspecs import hookimpl
+
+
+def lazy(path: str):
+    """A factory that imports ``package.module:Class`` when first called."""
+    module, _, attr = path.partition(":")
+
+    def factory(**options):
+        return getattr(importlib.import_module(module, __package__), attr)(**options)
+
+    factory.__qualname__ = factory.__name__ = attr
+    return factory
 
 
 def _hybrid(**options):
@@ -14,30 +31,22 @@ def _hybrid(**options):
 
 @hookimpl
 def lightspec_register_strategies(register):
-    from .budget import DynamicBudget, StaticBudget
-    from .composer import ConcatFusion, FirstFusion
-    from .stats import JsonlSink, LogSink
-    from .strategies.model_drafter import LayerSkipDrafter, ModelDrafter
-    from .strategies.ngram import NgramDrafter
-    from .strategies.plain import PlainDecoding
-    from .verify import StandardVerifier
-
-    register("none", PlainDecoding, description="plain autoregressive decoding (the baseline)", params={})
+    register("none", lazy(".strategies.plain:PlainDecoding"), description="plain autoregressive decoding (the baseline)", params={})
     register(
         "ngram",
-        NgramDrafter,
+        lazy(".strategies.ngram:NgramDrafter"),
         description="prompt/suffix n-gram lookup over the whole context (no model)",
         params={"min_ngram": "shortest n-gram to match (1)", "max_ngram": "longest n-gram to match (4)", "max_draft": "most tokens per draft (8)"},
     )
     register(
         "draft_model",
-        ModelDrafter,
+        lazy(".strategies.model_drafter:ModelDrafter"),
         description="a smaller causal LM with the same tokenizer (--draft-model PATH)",
         params={"max_draft": "most tokens per draft (8)"},
     )
     register(
         "layerskip",
-        LayerSkipDrafter,
+        lazy(".strategies.model_drafter:LayerSkipDrafter"),
         description="self-speculation with the target's first L layers + final norm + lm_head",
         params={"layers": "exit layer L, or 'auto' (default)", "max_draft": "most tokens per draft (6)"},
     )
@@ -47,10 +56,10 @@ def lightspec_register_strategies(register):
         description="switch: n-gram lookup when the context repeats, else the draft model (or layer skip)",
         params={"switch_threshold": "route to n-gram when its acceptance >= this (0.5)", "max_draft": "most tokens per draft (8)"},
     )
-    register("standard", StandardVerifier, kind="verifier", description="greedy match / lossless rejection sampling", params={})
+    register("standard", lazy(".verify:StandardVerifier"), kind="verifier", description="greedy match / lossless rejection sampling", params={})
     register(
         "dynamic",
-        DynamicBudget,
+        lazy(".budget:DynamicBudget"),
         kind="budget",
         description="cost-aware draft length from online acceptance + adaptive confidence stop",
         params={
@@ -61,8 +70,8 @@ def lightspec_register_strategies(register):
             "draft_cost": "initial cost of one draft token vs a target step (0.05)",
         },
     )
-    register("static", StaticBudget, kind="budget", description="always draft k tokens", params={"k": "draft length (4)"})
-    register("first", FirstFusion, kind="fusion", description="per row, the first non-empty draft", params={})
-    register("concat", ConcatFusion, kind="fusion", description="per row, drafts one after another", params={})
-    register("jsonl", JsonlSink, kind="sink", description="one JSON line per event", params={"path": "output file"})
-    register("log", LogSink, kind="sink", description="periodic 'SpecDecoding metrics' log line", params={"interval_s": "seconds between lines (5)"})
+    register("static", lazy(".budget:StaticBudget"), kind="budget", description="always draft k tokens", params={"k": "draft length (4)"})
+    register("first", lazy(".composer:FirstFusion"), kind="fusion", description="per row, the first non-empty draft", params={})
+    register("concat", lazy(".composer:ConcatFusion"), kind="fusion", description="per row, drafts one after another", params={})
+    register("jsonl", lazy(".stats:JsonlSink"), kind="sink", description="one JSON line per event", params={"path": "output file"})
+    register("log", lazy(".stats:LogSink"), kind="sink", description="periodic 'SpecDecoding metrics' log line", params={"interval_s": "seconds between lines (5)"})

@@ -46,7 +46,8 @@ class ModelDrafter:
         self._check_vocab(env)
 
     def _check_vocab(self, env) -> None:
-        dv = self.model.get_output_embeddings().weight.shape[0]
+        drafter = self.model if self.model is not None else env.target
+        dv = drafter.get_output_embeddings().weight.shape[0]
         tv = env.target.get_output_embeddings().weight.shape[0]
         if dv < len(env.tokenizer) or tv < len(env.tokenizer):
             from ..errors import LightSpecError

@@ -1,0 +1,312 @@
+"""``lightspec bench``: LightSpec strategies against HF transformers, same prompts, one run.
+
+Baselines (batch 1, as HF's assisted generation supports only batch 1): ``generate``
+vanilla; ``prompt_lookup_num_tokens``; ``assistant_model`` (when a draft model is given);
+``assistant_early_exit`` (when layerskip is measured).  Every method runs each prompt
+once after a warm-up; tokens/s is total new tokens over total wall time.  Greedy outputs
+are compared token by token with HF vanilla.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import threading
+import time
+from dataclasses import dataclass, field
+
+import click
+import torch
+
+from .errors import LightSpecError
+
+
+@dataclass
+class MethodResult:
+    name: str
+    family: str  # "hf" or "lightspec"
+    tokens: int = 0
+    seconds: float = 0.0
+    outputs: list[list[int]] = field(default_factory=list)
+    peak_extra_mb: float = 0.0
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    pos_drafted: list[int] = field(default_factory=list)
+    pos_accepted: list[int] = field(default_factory=list)
+    overhead_s: float = 0.0
+    step_s: float = 0.0
+    identical: int | None = None
+    error: str | None = None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float | None:
+        return self.tokens / self.steps if self.steps else None
+
+    def per_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.pos_accepted, self.pos_drafted)]
+
+    def to_dict(self, vanilla_tps: float | None) -> dict:
+        return {
+            "name": self.name, "family": self.family, "tokens": self.tokens, "seconds": self.seconds,
+            "tokens_per_s": self.tokens_per_s,
+            "speedup_vs_hf": (self.tokens_per_s / vanilla_tps) if vanilla_tps else None,
+            "mean_accepted_length": self.mean_accepted_length,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "per_position_acceptance": self.per_position(), "peak_extra_mb": self.peak_extra_mb,
+            "overhead_fraction": self.overhead_s / self.step_s if self.step_s else None,
+            "identical_to_hf": self.identical, "error": self.error,
+        }
+
+
+class PeakRSS:
+    """Peak resident memory above the level at start, sampled every millisecond
+    (CPU); on CUDA, peak allocated memory above the start."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return self
+        self.base = self.peak = _rss()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+        self.thread.start()
+        return self
+
+    def _poll(self):
+        while not self.stop.wait(0.001):
+            self.peak = max(self.peak, _rss())
+
+    def __exit__(self, *exc):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            self.extra = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
+        else:
+            self.stop.set()
+            self.thread.join()
+            self.peak = max(self.peak, _rss())
+            self.extra = (self.peak - self.base) / 2**20
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_hf(model, prompts_ids, max_new, device, label, extra: dict, temperature: float, progress) -> MethodResult:
+    res = MethodResult(label, "hf")
+    gen_kwargs = dict(max_new_tokens=max_new, min_new_tokens=max_new, do_sample=temperature > 0,
+                      pad_token_id=model.generation_config.pad_token_id or 0, **extra)
+    if temperature > 0:
+        gen_kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+    try:
+        with torch.inference_mode():
+            warm = torch.tensor([prompts_ids[0]], device=device)
+            model.generate(warm, attention_mask=torch.ones_like(warm), **{**gen_kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
+            with PeakRSS(device) as mem:
+                for p in prompts_ids:
+                    ids = torch.tensor([p], device=device)
+                    _sync(device)
+                    t0 = time.perf_counter()
+                    out = model.generate(ids, attention_mask=torch.ones_like(ids), **gen_kwargs)
+                    _sync(device)
+                    res.seconds += time.perf_counter() - t0
+                    new = out[0, len(p):].tolist()
+                    res.outputs.append(new)
+                    res.tokens += len(new)
+                    progress.update(1)
+            res.peak_extra_mb = mem.extra
+    except Exception as exc:  # a baseline this model/transformers cannot run is reported, not fatal
+        res.error = f"{type(exc).__name__}: {exc}"
+    return res
+
+
+def run_lightspec(pipe, prompts_ids, max_new, batch_size, temperature, label, progress) -> MethodResult:
+    res = MethodResult(label, "lightspec")
+    steps_log = []
+
+    class _Collect:
+        name = "bench"
+
+        def lightspec_on_stats(self, event):
+            steps_log.append(event)
+
+    collector = _Collect()
+    pipe.bound.sinks.append(collector.lightspec_on_stats)
+    try:
+        pipe.generate([prompts_ids[0]], max_new_tokens=4, ignore_eos=True, temperature=temperature, seed=0)
+        steps_log.clear()
+        with PeakRSS(pipe.device) as mem:
+            for i in range(0, len(prompts_ids), batch_size):
+                chunk = prompts_ids[i:i + batch_size]
+                _sync(pipe.device)
+                t0 = time.perf_counter()
+                outs = pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=temperature, seed=i)
+                _sync(pipe.device)
+                res.seconds += time.perf_counter() - t0
+                for o in outs:
+                    res.outputs.append(o.token_ids)
+                    res.tokens += len(o.token_ids)
+                    s = o.stats
+                    res.steps += s.steps + 1  # +1: the token from the prefill
+                    res.drafted += s.drafted
+                    res.accepted += s.accepted
+                    for j, (d, a) in enumerate(zip(s.per_position_drafted, s.per_position_accepted)):
+                        while len(res.pos_drafted) <= j:
+                            res.pos_drafted.append(0)
+                            res.pos_accepted.append(0)
+                        res.pos_drafted[j] += d
+                        res.pos_accepted[j] += a
+                progress.update(len(chunk))
+        res.peak_extra_mb = mem.extra
+        res.overhead_s = sum(e.overhead_s for e in steps_log)
+        res.step_s = sum(e.step_time_s for e in steps_log)
+    except Exception as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        pipe.bound.sinks.remove(collector.lightspec_on_stats)
+    return res
+
+
+def default_strategies(draft_model) -> list[str]:
+    names = ["none", "ngram", "layerskip", "hybrid"]
+    if draft_model:
+        names.insert(2, "draft_model")
+    from .plugins import get_registry
+
+    builtin = set(names) | {"none", "ngram", "draft_model", "layerskip", "hybrid"}
+    names += [n for n in get_registry().names("strategy") if n not in builtin]
+    return names
+
+
+def load_prompt_sets(prompts_file, suite, limit) -> dict[str, list[str]]:
+    from .cli import read_prompts
+
+    if suite:
+        if suite != "default":
+            raise LightSpecError(f"--suite {suite!r} is unknown; allowed: default")
+        try:
+            import lightspec_zoo
+        except ImportError:
+            raise LightSpecError("--suite default needs the lightspec-zoo package (its prompts ship there)") from None
+        sets = lightspec_zoo.prompt_sets()
+        return {k: v[:limit] if limit else v for k, v in sets.items()}
+    if not prompts_file:
+        raise LightSpecError("give --prompts FILE or --suite default")
+    ps = read_prompts((), prompts_file)
+    return {os.path.basename(prompts_file): ps[:limit] if limit else ps}
+
+
+def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=None, limit=None, max_new_tokens=64,
+         batch_size=1, temperature=0.0, hf_lookup_tokens=10, with_hf=True, device=None, dtype=None, json_out=None,
+         md_out=None):
+    from tqdm import tqdm
+    from transformers import AutoTokenizer
+
+    from .pipeline import MTPPipeline, default_draft_path, default_model_path, load_model, resolve_device, resolve_dtype
+
+    if batch_size < 1:
+        raise LightSpecError(f"--batch-size {batch_size} is invalid: use an integer >= 1")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    if model is None:
+        model = default_model_path()
+        draft_model = draft_model or default_draft_path()
+    sets = load_prompt_sets(prompts_file, suite, limit)
+    tok = AutoTokenizer.from_pretrained(str(model))
+    click.echo(f"loading {model}…", err=True)
+    target = load_model(model, dev, dt)
+    draft = load_model(draft_model, dev, dt) if draft_model else None
+    names = list(strategies) or default_strategies(draft_model)
+    report = {"command": "lightspec bench", "model": str(model), "draft_model": str(draft_model) if draft_model else None,
+              "device": str(dev), "dtype": str(dt).replace("torch.", ""), "batch_size": batch_size,
+              "temperature": temperature, "max_new_tokens": max_new_tokens, "machine": machine_info(dev),
+              "workloads": {}}
+    pipes = {}
+    for name in names:
+        try:
+            pipes[name] = MTPPipeline(target, tok, strategy=name, draft_model=draft)
+        except LightSpecError as exc:
+            click.echo(f"skipping {name}: {exc}", err=True)
+    for wname, prompts in sets.items():
+        ids = [tok(p)["input_ids"] for p in prompts]
+        n_methods = len(pipes) + (2 + bool(draft) + ("layerskip" in pipes) if with_hf else 0)
+        results: list[MethodResult] = []
+        with tqdm(total=n_methods * len(ids), desc=f"bench {wname}", unit="prompt", leave=False) as bar:
+            if with_hf:
+                results.append(run_hf(target, ids, max_new_tokens, dev, "hf_vanilla", {}, temperature, bar))
+                results.append(run_hf(target, ids, max_new_tokens, dev, f"hf_prompt_lookup({hf_lookup_tokens})",
+                                      {"prompt_lookup_num_tokens": hf_lookup_tokens}, temperature, bar))
+                if draft is not None:
+                    results.append(run_hf(target, ids, max_new_tokens, dev, "hf_assisted",
+                                          {"assistant_model": draft}, temperature, bar))
+                if "layerskip" in pipes:
+                    L = getattr(pipes["layerskip"].strategy, "layers", None)
+                    L = L if isinstance(L, int) else max(1, target.config.num_hidden_layers // 2)
+                    results.append(run_hf(target, ids, max_new_tokens, dev, f"hf_early_exit({L})",
+                                          {"assistant_early_exit": L}, temperature, bar))
+            for name, pipe in pipes.items():
+                results.append(run_lightspec(pipe, ids, max_new_tokens, batch_size, temperature, name, bar))
+        vanilla = next((r for r in results if r.name == "hf_vanilla" and not r.error), None)
+        if vanilla is None:
+            vanilla = next((r for r in results if r.name == "none"), None)
+        if temperature == 0 and vanilla is not None:
+            for r in results:
+                if not r.error and r is not vanilla:
+                    r.identical = sum(a == b for a, b in zip(r.outputs, vanilla.outputs))
+        vt = vanilla.tokens_per_s if vanilla else None
+        report["workloads"][wname] = {"prompts": len(ids), "baseline": vanilla.name if vanilla else None,
+                                      "results": [r.to_dict(vt) for r in results]}
+        click.echo(format_table(wname, report["workloads"][wname], len(ids)))
+    if json_out:
+        with open(json_out, "w") as f:
+            json.dump(report, f, indent=2)
+        click.echo(f"wrote {json_out}", err=True)
+    if md_out:
+        from .report import write_markdown
+
+        write_markdown(report, md_out)
+        click.echo(f"wrote {md_out}", err=True)
+    return report
+
+
+def format_table(wname: str, w: dict, n: int) -> str:
+    lines = [f"\n== {wname} ({n} prompts; speed-up vs {w['baseline']}) ==",
+             f"{'method':<24}{'tok/s':>9}{'speed-up':>10}{'acc.len':>9}{'accept':>8}{'overhead':>10}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
+    for r in w["results"]:
+        if r["error"]:
+            lines.append(f"{r['name']:<24} error: {r['error'][:90]}")
+            continue
+        sp = f"{r['speedup_vs_hf']:.2f}x" if r["speedup_vs_hf"] else "-"
+        al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
+        ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
+        ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
+        ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{n}"
+        pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8])
+        lines.append(f"{r['name']:<24}{r['tokens_per_s']:>9.1f}{sp:>10}{al:>9}{ac:>8}{ov:>10}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
+    return "\n".join(lines)
+
+
+def machine_info(dev: torch.device) -> dict:
+    import transformers
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "platform": platform.platform(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads()}
+    if dev.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(dev)
+    return info

@@ -1,0 +1,266 @@
+"""The ``lightspec`` command line.  ``--help`` imports neither torch nor transformers:
+heavy modules are imported inside the commands."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import click
+
+from .errors import LightSpecError
+
+
+class _Group(click.Group):
+    """Loads plugin commands lazily, the first time a command is looked up or listed."""
+
+    _plugins_loaded = False
+
+    def _load_plugin_commands(self, ctx):
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        strict = "--strict-plugins" in sys.argv or None
+        from .plugins import get_registry
+
+        reg = get_registry(strict=strict)
+        reg.pm.hook.lightspec_register_commands(cli=self)
+
+    def get_command(self, ctx, name):
+        cmd = super().get_command(ctx, name)
+        if cmd is None:
+            self._load_plugin_commands(ctx)
+            cmd = super().get_command(ctx, name)
+        return cmd
+
+    def list_commands(self, ctx):
+        try:
+            self._load_plugin_commands(ctx)
+        except LightSpecError:
+            pass
+        return super().list_commands(ctx)
+
+
+@click.group(cls=_Group)
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.option("--strict-plugins", is_flag=True, help="Fail when a plugin cannot be loaded (LIGHTSPEC_STRICT_PLUGINS=1).")
+@click.pass_context
+def cli(ctx, debug, strict_plugins):
+    """LightSpec: lossless speculative decoding for Hugging Face causal LMs."""
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+    if strict_plugins:
+        os.environ["LIGHTSPEC_STRICT_PLUGINS"] = "1"
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _registry():
+    from .plugins import get_registry
+
+    return get_registry()
+
+
+def _sampling_options(f):
+    f = click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy")(f)
+    f = click.option("--top-p", type=float, default=1.0, show_default=True)(f)
+    f = click.option("--top-k", type=int, default=0, show_default=True, help="0 = off")(f)
+    f = click.option("--min-p", type=float, default=0.0, show_default=True)(f)
+    f = click.option("--seed", type=int, default=None)(f)
+    return f
+
+
+def read_prompts(prompt: tuple[str, ...], prompts_file: str | None) -> list[str]:
+    """Prompts from ``--prompt`` (repeatable) and/or a file: JSONL with a "prompt" (or
+    Spec-Bench "turns") field per line, or plain text with one prompt per line."""
+    out = list(prompt)
+    if prompts_file:
+        try:
+            text = open(prompts_file, encoding="utf-8").read()
+        except OSError as exc:
+            raise LightSpecError(f"cannot read prompts file {prompts_file!r}: {exc.strerror}") from None
+        if prompts_file.endswith((".jsonl", ".json")):
+            for i, line in enumerate(text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    raise LightSpecError(f"{prompts_file}:{i}: not valid JSON") from None
+                if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
+                    out.append(rec["prompt"])
+                elif isinstance(rec, dict) and isinstance(rec.get("turns"), list) and rec["turns"]:
+                    out.append(str(rec["turns"][0]))
+                else:
+                    raise LightSpecError(f"{prompts_file}:{i}: expected an object with a string 'prompt' (or 'turns')")
+        else:
+            out.extend(line for line in text.splitlines() if line.strip())
+    if not out:
+        raise LightSpecError("no prompt given: use --prompt TEXT or --prompts-file FILE")
+    return out
+
+
+def _defaults() -> dict:
+    from .config import load_defaults
+
+    return load_defaults(".")
+
+
+@cli.command()
+@click.option("--model", "model", default=None, help="Target model folder (default: the embedded lightspec-zoo model).")
+@click.option("--strategy", default=None, help="Strategy name or YAML file (default: hybrid).")
+@click.option("--draft-model", default=None, help="Draft model folder (strategies draft_model / hybrid).")
+@click.option("--prompt", multiple=True, help="Prompt text (repeatable).")
+@click.option("--prompts-file", default=None, help="JSONL ('prompt' per line) or text file (one per line).")
+@click.option("--max-new-tokens", type=int, default=None, help="Tokens to generate per prompt (default 128).")
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--budget", default=None, help="Budget policy: dynamic (default) or static.")
+@click.option("--device", default=None, help="cpu, cuda or auto.")
+@click.option("--dtype", default=None, help="float32, bfloat16, float16 or auto.")
+@click.option("--stats-out", default=None, help="Write one JSON line per step event to this file.")
+@click.option("--stream/--no-stream", default=False, help="Print text as it is generated (one prompt).")
+@click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
+@_sampling_options
+def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop, budget, device, dtype,
+        stats_out, stream, as_json, temperature, top_p, top_k, min_p, seed):
+    """Generate text with a speculative-decoding strategy."""
+    d = _defaults()
+    prompts = read_prompts(prompt, prompts_file)
+    if max_new_tokens is None:
+        max_new_tokens = int(d.get("max_new_tokens", 128))
+    from .pipeline import MTPPipeline
+
+    if not as_json:
+        click.echo("loading model…", err=True)
+    pipe = MTPPipeline.from_pretrained(
+        model or d.get("model"),
+        strategy=strategy or d.get("strategy", "hybrid"),
+        draft_model=draft_model or d.get("draft_model"),
+        device=device or d.get("device"),
+        dtype=dtype or d.get("dtype"),
+        budget=budget or d.get("budget"),
+        stats_out=stats_out,
+        progress=not as_json,
+    )
+    kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                  min_p=min_p, seed=seed, stop=list(stop))
+    if stream and len(prompts) == 1 and not as_json:
+        for piece in pipe.generate(prompts[0], stream=True, **kwargs):
+            click.echo(piece, nl=False)
+        click.echo()
+        s = pipe.results_stats()[0]
+        click.echo(_summary_line(pipe.strategy_name, s), err=True)
+        return
+    results = pipe.generate(prompts, **kwargs)
+    if as_json:
+        click.echo(json.dumps([
+            {"prompt": p, "text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
+             "stats": r.stats.to_dict()} for p, r in zip(prompts, results)
+        ], indent=2))
+        return
+    for p, r in zip(prompts, results):
+        click.echo(p + r.text)
+        click.echo(_summary_line(pipe.strategy_name, r.stats), err=True)
+
+
+def _summary_line(strategy: str, s) -> str:
+    rate = f"{s.acceptance_rate:.1%}" if s.acceptance_rate is not None else "n/a"
+    return (f"[{strategy}] {s.new_tokens} tokens in {s.wall_time_s:.2f}s ({s.tokens_per_s:.1f} tok/s), "
+            f"mean accepted length {s.mean_accepted_length:.2f}, acceptance {rate}")
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def plugins(as_json):
+    """List loaded plugins and the plugins that failed to load."""
+    reg = _registry()
+    rows = [
+        {"name": p.name, "distribution": p.distribution, "version": p.version, "hooks": p.hooks,
+         "strategies": [c.split(":", 1)[1] for c in p.components if c.startswith("strategy:")],
+         "components": p.components}
+        for p in reg.plugins.values()
+    ]
+    failures = [f.__dict__ for f in reg.failures]
+    if as_json:
+        click.echo(json.dumps({"plugins": rows, "failures": failures}, indent=2))
+        return
+    for r in rows:
+        click.echo(f"{r['name']:<12} {r['distribution']:<28} {r['version']:<10} hooks: {', '.join(r['hooks'])}")
+        click.echo(f"{'':<12} strategies: {', '.join(r['strategies']) or '-'}")
+    for f in reg.failures:
+        click.echo(f"FAILED {f}", err=True)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def strategies(as_json):
+    """List strategies (and other components) with their plugin and parameters."""
+    reg = _registry()
+    rows = [
+        {"name": c.name, "kind": c.kind, "plugin": c.plugin, "distribution": c.distribution,
+         "description": c.description, "parameters": c.params}
+        for c in sorted(reg.components.values(), key=lambda c: (c.kind != "strategy", c.kind, c.name))
+    ]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    for r in rows:
+        label = r["name"] if r["kind"] == "strategy" else f"{r['name']} ({r['kind']})"
+        click.echo(f"{label:<22} [{r['plugin']}] {r['description']}")
+        for k, v in r["parameters"].items():
+            click.echo(f"{'':<24}{k}: {v}")
+
+
+@cli.command()
+@click.option("--model", default=None, help="Target model folder (default: the embedded model).")
+@click.option("--strategy", "strategies_", multiple=True, help="Strategy to measure (repeatable; default: all built-ins that apply).")
+@click.option("--draft-model", default=None)
+@click.option("--prompts", "prompts_file", default=None, help="Prompts file (JSONL or text).")
+@click.option("--suite", default=None, help="Run a benchmark suite ('default') instead of --prompts.")
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
+@click.option("--max-new-tokens", type=int, default=64, show_default=True)
+@click.option("--batch-size", type=int, default=1, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--hf-lookup-tokens", type=int, default=10, show_default=True, help="HF prompt_lookup_num_tokens")
+@click.option("--no-hf", is_flag=True, help="Skip the HF transformers baselines.")
+@click.option("--device", default=None)
+@click.option("--dtype", default=None)
+@click.option("--json", "json_out", default=None, help="Write results as JSON to this file.")
+@click.option("--markdown", "md_out", default=None, help="Write the tables (and plots) to this Markdown file.")
+def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_tokens, batch_size, temperature,
+          hf_lookup_tokens, no_hf, device, dtype, json_out, md_out):
+    """Compare LightSpec strategies with HF transformers generate on the same prompts."""
+    from . import bench as bench_mod
+
+    bench_mod.main(model=model, strategies=list(strategies_), draft_model=draft_model, prompts_file=prompts_file,
+                   suite=suite, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                   temperature=temperature, hf_lookup_tokens=hf_lookup_tokens, with_hf=not no_hf, device=device,
+                   dtype=dtype, json_out=json_out, md_out=md_out)
+
+
+def main(argv=None) -> int:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, standalone_mode=False, obj={})
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except LightSpecError as exc:
+        if debug:
+            raise
+        click.echo(f"error: {exc}", err=True)
+        return 2
+    except Exception as exc:  # anything else: one line unless --debug
+        if debug:
+            raise
+        click.echo(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Markdown (with SVG plots) for ``lightspec bench`` reports."""
+
+from __future__ import annotations
+
+import os
+from html import escape
+
+COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"]
+
+
+def write_markdown(report: dict, path: str, title: str = "Benchmark results") -> None:
+    out_dir = os.path.dirname(os.path.abspath(path))
+    stem = os.path.splitext(os.path.basename(path))[0]
+    lines = [f"## {title}", ""]
+    m = report["machine"]
+    lines += [
+        f"- command: `{report.get('command_line', report['command'])}`",
+        f"- model: `{report['model']}`" + (f", draft: `{report['draft_model']}`" if report.get("draft_model") else ""),
+        f"- device: {report['device']} ({m.get('gpu') or m['platform']}, {m['threads']} threads), dtype {report['dtype']}",
+        f"- python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
+        f"- batch size {report['batch_size']}, temperature {report['temperature']}, max new tokens {report['max_new_tokens']}",
+        "",
+    ]
+    for wname, w in report["workloads"].items():
+        lines += [f"### {wname} ({w['prompts']} prompts; speed-up vs {w['baseline']})", "",
+                  "| method | tok/s | speed-up | mean accepted length | acceptance | overhead | +peak mem (MB) | identical | per-position acceptance |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in w["results"]:
+            if r["error"]:
+                lines.append(f"| {r['name']} | error: {escape(r['error'][:80])} | | | | | | | |")
+                continue
+            sp = f"{r['speedup_vs_hf']:.2f}×" if r["speedup_vs_hf"] else "-"
+            al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
+            ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
+            ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
+            ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{w['prompts']}"
+            pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8]) or "-"
+            lines.append(f"| {r['name']} | {r['tokens_per_s']:.1f} | {sp} | {al} | {ac} | {ov} | {r['peak_extra_mb']:.1f} | {ident} | {pp} |")
+        lines.append("")
+    if report["workloads"]:
+        sp_name = f"{stem}_speedup.svg"
+        with open(os.path.join(out_dir, sp_name), "w") as f:
+            f.write(speedup_svg(report))
+        pos_name = f"{stem}_acceptance.svg"
+        with open(os.path.join(out_dir, pos_name), "w") as f:
+            f.write(acceptance_svg(report))
+        lines += [f"![speed-up per workload]({sp_name})", "", f"![acceptance per draft position]({pos_name})", ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def speedup_svg(report: dict) -> str:
+    workloads = list(report["workloads"])
+    methods = []
+    for w in report["workloads"].values():
+        for r in w["results"]:
+            if r["name"] not in methods and not r["error"]:
+                methods.append(r["name"])
+    vals = {(wn, r["name"]): r["speedup_vs_hf"] or 0 for wn, w in report["workloads"].items() for r in w["results"] if not r["error"]}
+    vmax = max([v for v in vals.values()] + [1.0]) * 1.1
+    W, H, left, bottom = 120 + 90 * len(workloads) * max(1, len(methods)) // 3 + 200, 320, 50, 60
+    plot_h = H - bottom - 20
+    group_w = (W - left - 190) / max(1, len(workloads))
+    bar_w = group_w * 0.8 / max(1, len(methods))
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
+             f'<text x="{left}" y="14" font-size="13">speed-up vs baseline per workload</text>']
+    y1 = H - bottom - plot_h / vmax
+    parts.append(f'<line x1="{left}" x2="{W - 190}" y1="{y1:.1f}" y2="{y1:.1f}" stroke="#999" stroke-dasharray="4"/>')
+    parts.append(f'<text x="{left - 30}" y="{y1 + 4:.1f}">1.0×</text>')
+    for gi, wn in enumerate(workloads):
+        x0 = left + gi * group_w + group_w * 0.1
+        for mi, mn in enumerate(methods):
+            v = vals.get((wn, mn), 0)
+            h = plot_h * v / vmax
+            x = x0 + mi * bar_w
+            parts.append(f'<rect x="{x:.1f}" y="{H - bottom - h:.1f}" width="{bar_w * 0.9:.1f}" height="{h:.1f}" fill="{COLORS[mi % len(COLORS)]}"><title>{escape(mn)}: {v:.2f}×</title></rect>')
+        parts.append(f'<text x="{x0:.1f}" y="{H - bottom + 16}">{escape(wn[:18])}</text>')
+    for mi, mn in enumerate(methods):
+        y = 30 + 16 * mi
+        parts.append(f'<rect x="{W - 180}" y="{y - 9}" width="10" height="10" fill="{COLORS[mi % len(COLORS)]}"/><text x="{W - 165}" y="{y}">{escape(mn)}</text>')
+    parts.append(f'<line x1="{left}" x2="{left}" y1="20" y2="{H - bottom}" stroke="#333"/><line x1="{left}" x2="{W - 190}" y1="{H - bottom}" y2="{H - bottom}" stroke="#333"/>')
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def acceptance_svg(report: dict) -> str:
+    series = {}
+    for wn, w in report["workloads"].items():
+        for r in w["results"]:
+            if r["per_position_acceptance"] and not r["error"]:
+                series[f"{r['name']} / {wn}"] = r["per_position_acceptance"][:8]
+    W, H, left, bottom = 560, 300, 50, 40
+    plot_w, plot_h = W - left - 200, H - bottom - 30
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
+             f'<text x="{left}" y="14" font-size="13">acceptance rate per draft position</text>']
+    n = max((len(v) for v in series.values()), default=1)
+    for i, (name, vals) in enumerate(list(series.items())[:10]):
+        pts = " ".join(f"{left + plot_w * (j / max(1, n - 1)):.1f},{H - bottom - plot_h * v:.1f}" for j, v in enumerate(vals))
+        c = COLORS[i % len(COLORS)]
+        parts.append(f'<polyline points="{pts}" fill="none" stroke="{c}" stroke-width="2"/>')
+        parts.append(f'<rect x="{W - 190}" y="{21 + 15 * i}" width="10" height="10" fill="{c}"/><text x="{W - 175}" y="{30 + 15 * i}">{escape(name[:28])}</text>')
+    for j in range(n):
+        parts.append(f'<text x="{left + plot_w * (j / max(1, n - 1)) - 3:.1f}" y="{H - bottom + 14}">{j + 1}</text>')
+    for v in (0, 0.5, 1):
+        y = H - bottom - plot_h * v
+        parts.append(f'<text x="{left - 28}" y="{y + 4:.1f}">{v:.1f}</text><line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
+    parts.append("</svg>")
+    return "\n".join(parts)
