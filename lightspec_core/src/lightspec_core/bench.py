@@ -233,7 +233,9 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
     target = load_model(model, dev, dt)
     draft = load_model(draft_model, dev, dt) if draft_model else None
     names = list(strategies) or default_strategies(draft_model)
-    report = {"command": "lightspec bench", "model": str(model), "draft_model": str(draft_model) if draft_model else None,
+    import sys
+
+    report = {"command": "lightspec bench", "command_line": "lightspec " + " ".join(sys.argv[1:]), "model": str(model), "draft_model": str(draft_model) if draft_model else None,
               "device": str(dev), "dtype": str(dt).replace("torch.", ""), "batch_size": batch_size,
               "temperature": temperature, "max_new_tokens": max_new_tokens, "machine": machine_info(dev),
               "workloads": {}}
