@@ -56,49 +56,70 @@ class DynamicBudget:
         min_confidence: float = 0.3,
         beta: float = 0.12,
         draft_cost: float = 0.05,
+        decay: float = 0.9,
     ):
         if not (isinstance(max_draft, int) and max_draft >= 1):
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
         if not (isinstance(window, int) and window >= 1):
             raise ValueError(f"window={window!r} is invalid: use an integer >= 1")
-        if not 0 <= min_confidence < 1:
+        if not (isinstance(min_confidence, (int, float)) and 0 <= min_confidence < 1):
             raise ValueError(f"min_confidence={min_confidence!r} is invalid: use a number in [0, 1)")
+        if not (isinstance(decay, (int, float)) and 0 < decay < 1):
+            raise ValueError(f"decay={decay!r} is invalid: use a number in (0, 1)")
         self.max_draft = max_draft
         self.window = window
         self.base_confidence = min_confidence
         self.beta = beta  # verify cost slope per extra token, learned online
-        self.draft_cost = draft_cost  # cost of one draft token relative to a plain step, learned online
+        self.prior_draft_cost = draft_cost
+        self.decay = decay
         self.t1: float | None = None  # EMA of a plain (q = 1) target forward, seconds
+        self.draft_cost: dict[str, float] = {}  # per source: one draft token / plain step
+        self.per_source: dict[tuple[int, str], list[float]] = {}  # (request, source) -> [accepted, rejected]
         self.recent: dict[int, deque] = {}
         self.threshold: dict[int, float] = {}
+        self.warm: set[str] = set()
 
     def reset(self) -> None:
+        self.warm.clear()
+        self.per_source.clear()
         self.recent.clear()
         self.threshold.clear()
 
     @hookimpl
     def lightspec_budget(self, ctx: StepContext) -> Budget:
-        ks, taus = [], []
-        for b, hist in enumerate(ctx.history):
-            a = hist.acceptance()
-            ks.append(self.best_k(a))
-            taus.append(self.threshold.get(ctx.row_ids[b], self.base_confidence))
+        B = ctx.batch
+        taus = [self.threshold.get(r, self.base_confidence) for r in ctx.row_ids]
+        if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
+            return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), torch.tensor(taus, device=ctx.device))
+        cheapest = min(self.draft_cost.values(), default=self.prior_draft_cost)
+        ks = [self.best_k(h.acceptance(), cheapest) for h in ctx.history]
+        by_source: dict[str, list[int]] = {}
+        for src, cost in self.draft_cost.items():
+            row_k = []
+            for b, rid in enumerate(ctx.row_ids):
+                acc, rej = self.per_source.get((rid, src), (0.0, 0.0))
+                a = (acc + 0.6 * 2.0) / (acc + rej + 2.0)
+                row_k.append(min(ks[b], self.best_k(a, cost)) if ks[b] else 0)
+            by_source[src] = row_k
         return Budget(
             max_draft=torch.tensor(ks, dtype=torch.long, device=ctx.device),
             min_confidence=torch.tensor(taus, device=ctx.device),
+            by_source=by_source,
         )
 
-    def best_k(self, a: float) -> int:
-        """argmax_k E[tokens | k] / cost(k) for acceptance probability ``a``."""
+    def best_k(self, a: float, draft_cost: float | None = None) -> int:
+        """argmax_k E[tokens | k] / cost(k) for acceptance probability ``a``: a verify of k
+        drafts yields 1 + a + ... + a^k tokens and costs 1 + (beta + draft_cost) * k steps."""
+        d = self.prior_draft_cost if draft_cost is None else draft_cost
         a = min(max(a, 0.0), 0.995)
         best_k, best = 0, 1.0  # k = 0: one token per plain step of cost 1
         gain = 1.0
         term = 1.0
         for k in range(1, self.max_draft + 1):
             term *= a
-            gain += term  # 1 + a + ... + a^k
-            cost = 1.0 + self.beta * k + self.draft_cost * k
-            if gain / cost > best:
+            gain += term
+            cost = 1.0 + (self.beta + d) * k
+            if gain / cost > best * 1.02:  # a 2% margin: don't draft for noise-level gains
                 best_k, best = k, gain / cost
         return best_k
 
@@ -113,14 +134,33 @@ class DynamicBudget:
             self.t1 = t if self.t1 is None else 0.9 * self.t1 + 0.1 * t
         elif self.t1 and q > 1:
             beta = max(0.0, (t / self.t1 - 1.0) / (q - 1))
-            self.beta = 0.9 * self.beta + 0.1 * min(beta, 2.0)
-        if self.t1 and event.drafted_total > 0 and event.draft_forward_s > 0:
-            per_token = event.draft_forward_s / max(event.drafted_max, 1) / self.t1
-            self.draft_cost = 0.9 * self.draft_cost + 0.1 * min(per_token, 5.0)
-        # slide each row's window of acceptance and move its confidence threshold
-        for rid, d, a in zip(event.row_ids, event.drafted, event.accepted):
+            self.beta = 0.8 * self.beta + 0.2 * min(beta, 2.0)
+        used = {s for s, d in zip(event.sources, event.drafted) if d}
+        for src in self.draft_cost:  # unused sources drift back to the prior, so they get probed again
+            if src not in used:
+                self.draft_cost[src] = 0.99 * self.draft_cost[src] + 0.01 * self.prior_draft_cost
+        if self.t1 and len(used) == 1 and event.drafted_max > 0:
+            src = used.pop()
+            if src not in self.warm:  # a drafter's first step also fills its own cache: not a typical cost
+                self.warm.add(src)
+                self.draft_cost.setdefault(src, self.prior_draft_cost)
+            else:
+                # model drafters report their forward time; for model-free drafters the draft stage is the cost
+                spent = event.draft_forward_s if event.draft_forward_s > 0 else event.stage_s.get("draft", 0.0)
+                per_token = min(spent / event.drafted_max / self.t1, 3.0)
+                self.draft_cost[src] = 0.7 * self.draft_cost.get(src, self.prior_draft_cost) + 0.3 * per_token
+        # per (request, source) acceptance, decaying towards the prior when unused
+        for rid, src, d, a in zip(event.row_ids, event.sources, event.drafted, event.accepted):
+            for s in self.draft_cost:
+                st = self.per_source.setdefault((rid, s), [0.0, 0.0])
+                st[0] *= self.decay
+                st[1] *= self.decay
+                if s == src and d:
+                    st[0] += a
+                    st[1] += 1.0 if a < d else 0.0
             if d == 0:
                 continue
+            # slide the row's window of acceptance and move its confidence threshold
             win = self.recent.setdefault(rid, deque(maxlen=self.window))
             win.append(a / d)
             rate = sum(win) / len(win)

@@ -68,6 +68,7 @@ def lightspec_register_strategies(register):
             "min_confidence": "initial confidence threshold (0.3)",
             "beta": "initial verify cost slope per token (0.12)",
             "draft_cost": "initial cost of one draft token vs a target step (0.05)",
+            "decay": "per-step decay of the acceptance counts (0.9)",
         },
     )
     register("static", lazy(".budget:StaticBudget"), kind="budget", description="always draft k tokens", params={"k": "draft length (4)"})

@@ -165,7 +165,12 @@ class Combination:
             if max(left) <= 0:
                 proposals.append(None)
                 continue
-            sub = ctx.with_budget(torch.tensor(left, device=ctx.device), list(left))
+            cap = ctx.budget_by_source.get(getattr(comp, "name", ""))
+            mine = left if cap is None else [min(x, c) for x, c in zip(left, cap)]
+            if max(mine) <= 0:
+                proposals.append(None)
+                continue
+            sub = ctx.with_budget(torch.tensor(mine, device=ctx.device), mine)
             p = comp.lightspec_propose(ctx=sub)
             if p is not None and i < last:
                 lens = p.lengths.tolist()

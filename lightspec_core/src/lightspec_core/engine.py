@@ -173,6 +173,7 @@ class Engine:
                     ctx.max_draft = torch.tensor(limits, device=dev)
                     ctx.max_draft_list = limits
                     ctx.min_confidence = budget.min_confidence
+                    ctx.budget_by_source = budget.by_source
                     t_b = time.perf_counter()
                     # 2. draft
                     if max(limits) > 0:
@@ -279,8 +280,8 @@ class Engine:
                     "update": t_f - t_e,
                 },
                 target_forward_s=fwd_s,
-                draft_forward_s=ctx.model_time_s,
-                overhead_s=max(0.0, step_s - fwd_s - ctx.model_time_s),
+                draft_forward_s=ctx.timer.model_s,
+                overhead_s=max(0.0, step_s - fwd_s - ctx.timer.model_s),
                 verify_tokens=K + 1,
                 failure=failure,
             )

@@ -71,10 +71,20 @@ class VerifyResult:
 class Budget:
     """max_draft: [B] int64 most tokens a drafter may propose per row this step (0 = don't draft).
     min_confidence: [B] float — drafters that know their confidence stop a row's draft
-    when its peak probability falls below this."""
+    when its peak probability falls below this.
+    by_source: optional {component name: [B] Python ints} — a tighter limit for one
+    component (combinations apply it to that component; it never exceeds max_draft)."""
 
     max_draft: torch.Tensor
     min_confidence: torch.Tensor
+    by_source: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class StepTimer:
+    """Shared by a step's context and its copies: drafters add their model time here."""
+
+    model_s: float = 0.0
 
 
 @dataclass
@@ -110,6 +120,8 @@ class StepContext:
     history:     one ``RowHistory`` per row
     prefix / prefix_lengths: [B, P] / [B] tokens another drafter already proposed this step
                  (cascades): a drafter continues after them
+    budget_by_source: per-component limits from the budget policy (see ``Budget.by_source``)
+    timer:       ``timer.model_s`` collects the time drafters spend in model forwards
     """
 
     step: int
@@ -129,7 +141,8 @@ class StepContext:
     hidden_positions: torch.Tensor | None = None
     prefix: torch.Tensor | None = None
     prefix_lengths: torch.Tensor | None = None
-    model_time_s: float = 0.0  # drafters add the time of their own model forwards here
+    budget_by_source: dict[str, list[int]] = field(default_factory=dict)
+    timer: StepTimer = field(default_factory=StepTimer)  # drafters add their model forward time to timer.model_s
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -106,7 +106,7 @@ class ModelDrafter:
             for b in range(B):
                 if active[b]:
                     self.fed[b].append(int(tok[b]))
-        ctx.model_time_s += time.perf_counter() - t0
+        ctx.timer.model_s += time.perf_counter() - t0
         k = int(lengths.max())
         return DraftProposal(
             tokens=tokens[:, :k],
