@@ -36,16 +36,24 @@ def _cases():
             pi_ptr="*i32", S="i32",
         ), dict(SP=64, TOP_K=k, KP=max(k, 8)), {}
     yield "chain_argmax", cv._chain_argmax_kernel, dict(
-        tp_ptr="*bf16", s_tb="i64", s_tk="i64", lens_ptr="*i64", tid_ptr="*i32", K="i32", V="i32",
+        tp_ptr="*bf16", s_tb="i64", s_tk="i64", lens_ptr="*i64", pv_ptr=P, pi_ptr="*i32", K="i32", V="i32",
+        CHUNK="i32",
     ), dict(BLOCK_V=4096), {}
     yield "chain_greedy_finish", cv._chain_greedy_finish_kernel, dict(
-        dt_ptr="*i64", s_db="i64", lens_ptr="*i64", tid_ptr="*i32", acc_ptr="*i64", out_ptr="*i64", K="i32",
-    ), dict(KP1=32), {}
+        dt_ptr="*i64", s_db="i64", lens_ptr="*i64", pv_ptr=P, pi_ptr="*i32", acc_ptr="*i64", out_ptr="*i64",
+        K="i32", S="i32",
+    ), dict(KP1=32, SP=64), {}
+    accept = dict(dt_ptr="*i64", s_db="i64", lens_ptr="*i64", tp_ptr=P, s_tb="i64", s_tk="i64", dp_ptr=P,
+                  s_qb="i64", s_qk="i64", u_ptr=P, s_ub="i64")
     for has_q in (False, True):
-        yield "chain_sample", cv._chain_sample_kernel, dict(
-            dt_ptr="*i64", s_db="i64", lens_ptr="*i64", tp_ptr=P, s_tb="i64", s_tk="i64", dp_ptr=P, s_qb="i64",
-            s_qk="i64", u_ptr=P, s_ub="i64", e_ptr=P, s_eb="i64", acc_ptr="*i64", out_ptr="*i64", K="i32", V="i32",
-        ), dict(HAS_Q=has_q, KP1=32, BLOCK_V=4096), {}
+        for split in (False, True):
+            yield "chain_sample", cv._chain_sample_kernel, dict(
+                **accept, e_ptr=P, s_eb="i64", acc_ptr="*i64", out_ptr="*i64", pv_ptr=P, pi_ptr="*i32", K="i32",
+                V="i32", CHUNK="i32",
+            ), dict(HAS_Q=has_q, KP1=32, BLOCK_V=4096, SPLIT=split), {}
+        yield "chain_sample_finish", cv._chain_sample_finish_kernel, dict(
+            **accept, acc_ptr="*i64", out_ptr="*i64", pv_ptr=P, pi_ptr="*i32", K="i32", S="i32",
+        ), dict(HAS_Q=has_q, KP1=32, SP=64), {}
     for sample, has_q in ((False, False), (True, False), (True, True)):
         yield "tree_verify", tv._tree_verify_kernel, dict(
             tok_ptr="*i64", s_tok="i64", par_ptr="*i64", s_par="i64", tp_ptr="*bf16", s_tb="i64", s_tn="i64",

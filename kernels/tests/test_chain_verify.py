@@ -71,3 +71,14 @@ def test_sampling_logits_logic_by_hand(force_triton):
     acc, emit = lk.chain_verify(drafts, lens, tp, None, u, e)
     assert acc.tolist() == [1]
     assert emit.tolist() == [[3, 1, -1]]  # residual [0, .5, .5, 0], ties -> first index
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sample", "sample_q"])
+@pytest.mark.parametrize("B,K,V,splits,block", [(3, 4, 32001, 4, 4096), (9, 16, 1000, 3, 128), (4, 3, 4099, 5, 512)])
+def test_split_vocabulary_matches_reference(gen, monkeypatch, mode, B, K, V, splits, block):
+    """The split path (several programs per vocabulary scan + merge kernel) used on GPUs."""
+    args = _inputs(B, K, V, mode, torch.float32, gen)
+    acc_ref, emit_ref = lk.chain_verify_ref(*args)
+    poison_empty(monkeypatch)
+    acc, emit = lk.chain_verify_triton(*args, num_splits=splits, block_v=block)
+    assert torch.equal(acc, acc_ref) and torch.equal(emit, emit_ref)

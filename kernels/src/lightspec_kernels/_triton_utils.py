@@ -9,20 +9,20 @@ if HAS_TRITON:
     import triton.language as tl
 
     @triton.jit
-    def row_argmax(ptr, V, n_cols, BLOCK_V: tl.constexpr):
-        """First index of the maximum of ``ptr[0:V]`` (upcast to fp32); scans ``n_cols`` (V or 0)."""
+    def row_argmax(ptr, lo, hi, V, BLOCK_V: tl.constexpr):
+        """(max, first index of the max) of ``ptr[lo:hi]`` upcast to fp32; (-inf, 0) when empty."""
         offs = tl.arange(0, BLOCK_V)
         best = tl.full((), float("-inf"), tl.float32)
         best_i = tl.zeros((), tl.int32)
-        for start in range(0, n_cols, BLOCK_V):
+        for start in range(lo, hi, BLOCK_V):
             idx = start + offs
-            x = tl.load(ptr + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
+            x = tl.load(ptr + idx, mask=(idx < V) & (idx < hi), other=float("-inf")).to(tl.float32)
             bm, bi = tl.max(x, 0, return_indices=True, return_indices_tie_break_left=True)
             bi = bi + start
             upd = bm > best
             best_i = tl.where(upd, bi, best_i)
             best = tl.where(upd, bm, best)
-        return best_i
+        return best, best_i
 
     @triton.jit
     def sample_argmax(r_ptr, e_ptr, V, BLOCK_V: tl.constexpr):

@@ -5,18 +5,20 @@ contract with the core engine); see that module's docstring.  Randomness is an i
 ``uniforms [B, K]`` decide acceptances and ``exponentials [B, V]`` (Exp(1) samples) pick
 the recovered/bonus token as ``argmax(residual / exponentials)`` (first index on ties).
 
-Triton path: greedy runs one program per (row, position) computing the target argmax
-(positions past a row's draft length are skipped), then one program per row finds the
-first mismatch.  Sampling runs one program per row: acceptance needs only gathers of
-``p[x]`` and ``q[x]``, then one streaming pass over the vocabulary of the first
-unverified position samples the recovered (or bonus) token.
+Triton path: greedy runs one program per (row, position, vocabulary chunk) computing
+partial target argmaxes (positions past a row's draft length are skipped), then one
+program per row merges them and finds the first mismatch.  Sampling: acceptance needs
+only gathers of ``p[x]`` and ``q[x]``; then one streaming pass over the vocabulary of
+the first unverified position samples the recovered (or bonus) token, split over
+several programs per row (plus a merge kernel) when the batch is too small to fill
+the GPU.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, next_pow2
+from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, next_pow2, plan_splits
 from ._triton_utils import row_argmax
 from .chain_verify_ref import chain_verify_ref
 
@@ -53,16 +55,21 @@ if HAS_TRITON:
     def _chain_argmax_kernel(
         tp_ptr, s_tb, s_tk,  # target_probs [B, K+1, V]
         lens_ptr,  # [B] int64
-        tid_ptr,  # [B, K+1] int32 workspace
-        K, V,
+        pv_ptr, pi_ptr,  # [B, K+1, S] f32 / int32 partial (max, argmax) per vocabulary chunk
+        K, V, CHUNK,
         BLOCK_V: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         i = tl.program_id(1)
+        split = tl.program_id(2)
+        S = tl.num_programs(2)
         n = tl.load(lens_ptr + b)
-        n_cols = tl.where(i <= n, V, 0)
-        best = row_argmax(tp_ptr + b * s_tb + i * s_tk, V, n_cols, BLOCK_V)
-        tl.store(tid_ptr + b * (K + 1) + i, best)
+        lo = split * CHUNK
+        hi = tl.where(i <= n, tl.minimum(lo + CHUNK, V), lo)  # positions past the draft: skip
+        best, best_i = row_argmax(tp_ptr + b * s_tb + i * s_tk, lo, hi, V, BLOCK_V)
+        o = (b * (K + 1) + i) * S + split
+        tl.store(pv_ptr + o, best)
+        tl.store(pi_ptr + o, best_i)
 
     @triton.jit
     def _emit_row(out_ptr, acc_ptr, b, drafts, final, acc, K, KP1: tl.constexpr):
@@ -76,36 +83,34 @@ if HAS_TRITON:
     def _chain_greedy_finish_kernel(
         dt_ptr, s_db,  # draft_tokens [B, K] int64
         lens_ptr,  # [B]
-        tid_ptr,  # [B, K+1] int32
+        pv_ptr, pi_ptr,  # [B, K+1, S] partials of _chain_argmax_kernel
         acc_ptr, out_ptr,  # [B] int64, [B, K+1] int64
-        K,
+        K, S,
         KP1: tl.constexpr,
+        SP: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         j = tl.arange(0, KP1)
+        si = tl.arange(0, SP)
         n = tl.load(lens_ptr + b)
         drafts = tl.load(dt_ptr + b * s_db + j, mask=j < K, other=-1)
-        tids = tl.load(tid_ptr + b * (K + 1) + j, mask=j < K + 1, other=-1)
+        o = (b * (K + 1) + j[:, None]) * S + si[None, :]
+        m2 = (j[:, None] < K + 1) & (si[None, :] < S)
+        pv = tl.load(pv_ptr + o, mask=m2, other=float("-inf"))
+        pi = tl.load(pi_ptr + o, mask=m2, other=2147483647)
+        best = tl.max(pv, 1)
+        tids = tl.min(tl.where(pv == best[:, None], pi, 2147483647), 1)  # chunks ascend: first index
         match = (tids.to(tl.int64) == drafts) & (j < n) & (j < K)
         acc = tl.min(tl.where(match, K, j), 0)
         final = tl.sum(tl.where(j == acc, tids, 0), 0)
         _emit_row(out_ptr, acc_ptr, b, drafts, final, acc, K, KP1)
 
     @triton.jit
-    def _chain_sample_kernel(
-        dt_ptr, s_db,  # draft_tokens [B, K] int64
-        lens_ptr,  # [B] int64
-        tp_ptr, s_tb, s_tk,  # target_probs [B, K+1, V]
-        dp_ptr, s_qb, s_qk,  # draft_probs [B, K, V] (ignored unless HAS_Q)
-        u_ptr, s_ub,  # uniforms [B, K]
-        e_ptr, s_eb,  # exponentials [B, V]
-        acc_ptr, out_ptr,  # [B] int64, [B, K+1] int64
-        K, V,
-        HAS_Q: tl.constexpr,
-        KP1: tl.constexpr,
-        BLOCK_V: tl.constexpr,
+    def _chain_accept(
+        dt_ptr, s_db, lens_ptr, tp_ptr, s_tb, s_tk, dp_ptr, s_qb, s_qk, u_ptr, s_ub, b, K,
+        HAS_Q: tl.constexpr, KP1: tl.constexpr,
     ):
-        b = tl.program_id(0).to(tl.int64)
+        """Acceptance of row b: returns (drafts [KP1], n, accepted, drafted token at the rejected slot)."""
         j = tl.arange(0, KP1)
         n = tl.load(lens_ptr + b)
         live = (j < n) & (j < K)
@@ -119,25 +124,51 @@ if HAS_TRITON:
         u = tl.load(u_ptr + b * s_ub + j, mask=live, other=1.0).to(tl.float32)
         ok = (u * q_x < p_x) & live
         acc = tl.min(tl.where(ok, K, j), 0)
+        x_rej = tl.sum(tl.where(j == acc, tok, 0), 0)
+        return drafts, n, acc, x_rej
+
+    @triton.jit
+    def _chain_sample_kernel(
+        dt_ptr, s_db,  # draft_tokens [B, K] int64
+        lens_ptr,  # [B] int64
+        tp_ptr, s_tb, s_tk,  # target_probs [B, K+1, V]
+        dp_ptr, s_qb, s_qk,  # draft_probs [B, K, V] (ignored unless HAS_Q)
+        u_ptr, s_ub,  # uniforms [B, K]
+        e_ptr, s_eb,  # exponentials [B, V]
+        acc_ptr, out_ptr,  # [B] int64, [B, K+1] int64 (not SPLIT)
+        pv_ptr, pi_ptr,  # SPLIT: [B, S, 2] f32 (best p/e, best r/e), [B, S, 3] int32 (argmaxes, any_pos)
+        K, V, CHUNK,
+        HAS_Q: tl.constexpr,
+        KP1: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+        SPLIT: tl.constexpr,
+    ):
+        b = tl.program_id(0).to(tl.int64)
+        split = tl.program_id(1)
+        S = tl.num_programs(1)
+        drafts, n, acc, x_rej = _chain_accept(
+            dt_ptr, s_db, lens_ptr, tp_ptr, s_tb, s_tk, dp_ptr, s_qb, s_qk, u_ptr, s_ub, b, K, HAS_Q, KP1
+        )
         rejected = acc < n
-        x_rej = tl.sum(tl.where(j == acc, tok, 0), 0)  # drafted token at the rejected slot
         p_row = tp_ptr + b * s_tb + acc * s_tk
         q_row = dp_ptr + b * s_qb + tl.minimum(acc, K - 1) * s_qk
         e_row = e_ptr + b * s_eb
-        q_lim = tl.where(rejected, V, 0)  # read q only for rejected rows
+        lo = split * CHUNK
+        hi = tl.minimum(lo + CHUNK, V)
+        q_hi = tl.where(rejected, hi, 0)  # read q only for rejected rows
         offs = tl.arange(0, BLOCK_V)
         best_p = tl.full((), float("-inf"), tl.float32)
         best_pi = tl.zeros((), tl.int32)
         best_r = tl.full((), float("-inf"), tl.float32)
         best_ri = tl.zeros((), tl.int32)
         any_pos = tl.zeros((), tl.int32)
-        for start in range(0, V, BLOCK_V):
+        for start in range(lo, hi, BLOCK_V):
             idx = start + offs
-            msk = idx < V
+            msk = idx < hi
             p = tl.load(p_row + idx, mask=msk, other=0.0).to(tl.float32)
             e = tl.load(e_row + idx, mask=msk, other=1.0).to(tl.float32)
             if HAS_Q:
-                q = tl.load(q_row + idx, mask=idx < q_lim, other=0.0).to(tl.float32)
+                q = tl.load(q_row + idx, mask=idx < q_hi, other=0.0).to(tl.float32)
                 res = tl.maximum(p - q, 0.0)
             else:
                 res = tl.maximum(tl.where(idx == x_rej, 0.0, p), 0.0)
@@ -154,12 +185,53 @@ if HAS_TRITON:
             upd = bm > best_r
             best_ri = tl.where(upd, bi, best_ri)
             best_r = tl.where(upd, bm, best_r)
-        final = tl.where(rejected & (any_pos > 0), best_ri, best_pi)
+        if SPLIT:
+            o = b * S + split
+            tl.store(pv_ptr + o * 2, best_p)
+            tl.store(pv_ptr + o * 2 + 1, best_r)
+            tl.store(pi_ptr + o * 3, best_pi)
+            tl.store(pi_ptr + o * 3 + 1, best_ri)
+            tl.store(pi_ptr + o * 3 + 2, any_pos)
+        else:
+            final = tl.where(rejected & (any_pos > 0), best_ri, best_pi)
+            _emit_row(out_ptr, acc_ptr, b, drafts, final, acc, K, KP1)
+
+    @triton.jit
+    def _chain_sample_finish_kernel(
+        dt_ptr, s_db, lens_ptr, tp_ptr, s_tb, s_tk, dp_ptr, s_qb, s_qk, u_ptr, s_ub,
+        acc_ptr, out_ptr, pv_ptr, pi_ptr,  # partials of _chain_sample_kernel(SPLIT=True)
+        K, S,
+        HAS_Q: tl.constexpr,
+        KP1: tl.constexpr,
+        SP: tl.constexpr,
+    ):
+        b = tl.program_id(0).to(tl.int64)
+        drafts, n, acc, x_rej = _chain_accept(
+            dt_ptr, s_db, lens_ptr, tp_ptr, s_tb, s_tk, dp_ptr, s_qb, s_qk, u_ptr, s_ub, b, K, HAS_Q, KP1
+        )
+        si = tl.arange(0, SP)
+        ok = si < S
+        o = b * S + si
+        bp = tl.load(pv_ptr + o * 2, mask=ok, other=float("-inf"))
+        br = tl.load(pv_ptr + o * 2 + 1, mask=ok, other=float("-inf"))
+        bpi = tl.load(pi_ptr + o * 3, mask=ok, other=2147483647)
+        bri = tl.load(pi_ptr + o * 3 + 1, mask=ok, other=2147483647)
+        anyp = tl.load(pi_ptr + o * 3 + 2, mask=ok, other=0)
+        pi = tl.min(tl.where(bp == tl.max(bp, 0), bpi, 2147483647), 0)
+        ri = tl.min(tl.where(br == tl.max(br, 0), bri, 2147483647), 0)
+        final = tl.where((acc < n) & (tl.max(anyp, 0) > 0), ri, pi)
         _emit_row(out_ptr, acc_ptr, b, drafts, final, acc, K, KP1)
 
 
-def chain_verify_triton(draft_tokens, draft_lens, target_probs, draft_probs=None, uniforms=None, exponentials=None):
-    """Triton implementation of :func:`chain_verify` (no dispatch)."""
+def chain_verify_triton(
+    draft_tokens, draft_lens, target_probs, draft_probs=None, uniforms=None, exponentials=None,
+    *, num_splits: int | None = None, block_v: int | None = None,
+):
+    """Triton implementation of :func:`chain_verify` (no dispatch).
+
+    ``num_splits`` (None: auto) splits each vocabulary scan over several programs, with
+    a small finishing kernel; ``block_v`` overrides the block size (tests).
+    """
     _check(draft_tokens, draft_lens, target_probs, draft_probs, uniforms, exponentials)
     B, K = draft_tokens.shape
     V = target_probs.shape[2]
@@ -176,26 +248,42 @@ def chain_verify_triton(draft_tokens, draft_lens, target_probs, draft_probs=None
     uniforms, exponentials = last_contig(uniforms), last_contig(exponentials)
     draft_lens = draft_lens.contiguous()
     KP1 = max(next_pow2(K + 1), 2)
-    block = min(next_pow2(V), 4096 if dev.type == "cuda" else 16384)
+    block = block_v or min(next_pow2(V), 4096 if dev.type == "cuda" else 16384)
     warps = 8 if dev.type == "cuda" else 1
     if uniforms is None:
-        tids = torch.empty((B, K + 1), dtype=torch.int32, device=dev)
-        _chain_argmax_kernel[(B, K + 1)](
-            target_probs, target_probs.stride(0), target_probs.stride(1), draft_lens, tids, K, V,
+        S, chunk = plan_splits(V, block, B * (K + 1), dev, num_splits)
+        pv = torch.empty((B, K + 1, S), dtype=torch.float32, device=dev)
+        pi = torch.empty((B, K + 1, S), dtype=torch.int32, device=dev)
+        _chain_argmax_kernel[(B, K + 1, S)](
+            target_probs, target_probs.stride(0), target_probs.stride(1), draft_lens, pv, pi, K, V, chunk,
             BLOCK_V=block, num_warps=warps,
         )
         _chain_greedy_finish_kernel[(B,)](
-            draft_tokens, draft_tokens.stride(0), draft_lens, tids, accepted, emitted, K, KP1=KP1, num_warps=1,
+            draft_tokens, draft_tokens.stride(0), draft_lens, pv, pi, accepted, emitted, K, S,
+            KP1=KP1, SP=max(next_pow2(S), 2), num_warps=1,
         )
+        return accepted, emitted
+    S, chunk = plan_splits(V, block, B, dev, num_splits)
+    dp = draft_probs if draft_probs is not None else target_probs
+    common = (
+        draft_tokens, draft_tokens.stride(0), draft_lens,
+        target_probs, target_probs.stride(0), target_probs.stride(1),
+        dp, dp.stride(0), dp.stride(1),
+        uniforms, uniforms.stride(0),
+    )
+    if S > 1:
+        pv = torch.empty((B, S, 2), dtype=torch.float32, device=dev)
+        pi = torch.empty((B, S, 3), dtype=torch.int32, device=dev)
     else:
-        dp = draft_probs if draft_probs is not None else target_probs
-        _chain_sample_kernel[(B,)](
-            draft_tokens, draft_tokens.stride(0), draft_lens,
-            target_probs, target_probs.stride(0), target_probs.stride(1),
-            dp, dp.stride(0), dp.stride(1),
-            uniforms, uniforms.stride(0), exponentials, exponentials.stride(0),
-            accepted, emitted, K, V,
-            HAS_Q=draft_probs is not None, KP1=KP1, BLOCK_V=block, num_warps=warps,
+        pv, pi = accepted, accepted  # unused
+    _chain_sample_kernel[(B, S)](
+        *common, exponentials, exponentials.stride(0), accepted, emitted, pv, pi, K, V, chunk,
+        HAS_Q=draft_probs is not None, KP1=KP1, BLOCK_V=block, SPLIT=S > 1, num_warps=warps,
+    )
+    if S > 1:
+        _chain_sample_finish_kernel[(B,)](
+            *common, accepted, emitted, pv, pi, K, S,
+            HAS_Q=draft_probs is not None, KP1=KP1, SP=max(next_pow2(S), 2), num_warps=1,
         )
     return accepted, emitted
 

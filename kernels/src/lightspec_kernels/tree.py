@@ -230,7 +230,7 @@ if HAS_TRITON:
         while done == 0:
             p_row = tp_ptr + b * s_tb + cur.to(tl.int64) * s_tn
             if not SAMPLE:
-                t = row_argmax(p_row, V, V, BLOCK_V)
+                _, t = row_argmax(p_row, 0, V, V, BLOCK_V)
                 cand = is_child & (par == cur) & (tok == t)
                 child = tl.min(tl.where(cand, j, BIG), 0)
                 has = child < BIG
