@@ -1,0 +1,29 @@
+"""lightspec-eagle3 is installed, discovered through the ``lightspec.plugins`` entry
+point and registered without errors (it provides no strategies yet)."""
+
+from importlib.metadata import entry_points
+
+from lightspec_core.plugins import get_registry
+
+
+def test_eagle3_entry_point_declared():
+    eps = [ep for ep in entry_points(group="lightspec.plugins") if ep.name == "eagle3"]
+    assert len(eps) == 1, "lightspec-eagle3 is not installed (pip install -e plugins/lightspec-eagle3)"
+    assert eps[0].value == "lightspec_eagle3.plugin"
+    assert eps[0].dist.metadata["Name"] == "lightspec-eagle3"
+
+
+def test_eagle3_plugin_discovered(monkeypatch):
+    monkeypatch.delenv("LIGHTSPEC_PLUGINS", raising=False)
+    monkeypatch.delenv("LIGHTSPEC_STRICT_PLUGINS", raising=False)
+    try:
+        registry = get_registry(reload=True)
+        assert "eagle3" in registry.plugins, [str(f) for f in registry.failures]
+        info = registry.plugins["eagle3"]
+        assert info.distribution == "lightspec-eagle3"
+        assert info.version == "0.1.0"
+        assert "lightspec_register_strategies" in info.hooks
+        assert info.components == []  # scaffold: no placeholder strategies
+        assert not [f for f in registry.failures if f.name == "eagle3"]
+    finally:
+        get_registry(reload=True)

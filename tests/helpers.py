@@ -1,0 +1,133 @@
+"""Small shared helpers for tests that need a *real* Hugging Face tokenizer (one that
+``save_pretrained`` / ``AutoTokenizer.from_pretrained`` round-trip), e.g. CLI runs.
+
+* ``tiny_tokenizer()``  a word-level ``PreTrainedTokenizerFast`` (whitespace split),
+  ids 0..3 = <pad>, <bos>, <eos>, <unk>; ``TINY_VOCAB`` ids in all.
+* ``tiny_model(arch="llama", vocab=TINY_VOCAB, seed=0)`` a tiny fp32 causal LM
+  (built with ``tests/models.py``'s configs) whose vocabulary matches the tokenizer.
+* ``save_tiny(path)`` both saved into one folder, loadable with ``from_pretrained``.
+* ``hf_reference(model, tok, prompt, n)`` HF ``generate(do_sample=False)`` with an
+  explicit attention mask, eos disabled: the lossless reference.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+TINY_VOCAB = 96
+SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+WORDS = (
+    "the a an of to and in is it that for on with as was at by be this from or have not are but "
+    "one two three four five six seven eight nine ten cat dog bird fish red green blue big small "
+    "def return if else for while print x y z ( ) : = + - , . hello world"
+).split()
+
+
+def tiny_tokenizer(vocab: int = TINY_VOCAB):
+    """A word-level fast tokenizer with exactly ``vocab`` ids (no BOS added on encode)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(dict.fromkeys(WORDS))
+    names = SPECIALS + words
+    names += [f"w{i}" for i in range(vocab - len(names))]
+    names = names[:vocab]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(names)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def tiny_model(arch: str = "llama", vocab: int = TINY_VOCAB, seed: int = 0, layers: int | None = 2):
+    """A tiny randomly initialised fp32 causal LM in eval mode (deterministic per seed).
+
+    Its generation config has eos 2 and pad 0 (like the tokenizer)."""
+    from models import build_model
+
+    model = build_model(arch, layers=layers, seed=seed, vocab_size=vocab)
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+@functools.lru_cache(maxsize=None)
+def cached_tiny(arch: str = "llama", vocab: int = TINY_VOCAB, seed: int = 0):
+    """``(model, tokenizer)``, built once per process (do not modify them)."""
+    return tiny_model(arch, vocab, seed), tiny_tokenizer(vocab)
+
+
+def save_tiny(path, arch: str = "llama", seed: int = 0) -> Path:
+    """Save a tiny model and its tokenizer into ``path``; return the folder."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    model, tok = cached_tiny(arch, TINY_VOCAB, seed)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@torch.inference_mode()
+def hf_reference(model, tokenizer, prompt, max_new_tokens: int) -> list[int]:
+    """Greedy HF ``generate`` for one prompt (text or ids), explicit attention mask, no eos."""
+    ids = tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+    x = torch.tensor([ids])
+    out = model.generate(
+        input_ids=x,
+        attention_mask=torch.ones_like(x),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    return out[0, len(ids):].tolist()
+
+
+EXAMPLE_PLUGIN = Path(__file__).resolve().parent / "example_plugin"
+
+
+def ensure_example_plugin() -> None:
+    """pip-install ``tests/example_plugin`` (editable, no deps) into the running
+    interpreter's environment unless it is already installed from this folder, and make
+    it importable in this process (a fresh ``.pth`` is only read at interpreter start)."""
+    import importlib
+    import importlib.metadata as md
+    import subprocess
+    import sys
+
+    try:
+        url = md.distribution("lightspec-example-plugin").read_text("direct_url.json") or ""
+        installed = EXAMPLE_PLUGIN.as_uri() in url
+    except md.PackageNotFoundError:
+        installed = False
+    if not installed:
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(EXAMPLE_PLUGIN)]
+        # offline-friendly first (uses the environment's setuptools); else let pip fetch the build backend
+        if subprocess.run(cmd[:-2] + ["--no-build-isolation"] + cmd[-2:]).returncode != 0:
+            subprocess.run(cmd, check=True)
+        importlib.invalidate_caches()
+        forget_discovered_plugins()
+    try:
+        import lightspec_example  # noqa: F401
+    except ImportError:
+        sys.path.append(str(EXAMPLE_PLUGIN / "src"))
+        importlib.invalidate_caches()
+
+
+def forget_discovered_plugins() -> None:
+    """Drop stevedore's per-process entry-point caches, so that the next plugin
+    discovery sees distributions installed since the first one."""
+    from stevedore import ExtensionManager
+
+    ExtensionManager.ENTRY_POINT_CACHE.pop("lightspec.plugins", None)
+    try:
+        from stevedore import _cache
+
+        _cache._c._internal.clear()
+    except (ImportError, AttributeError):
+        pass
