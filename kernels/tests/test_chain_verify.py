@@ -82,3 +82,19 @@ def test_split_vocabulary_matches_reference(gen, monkeypatch, mode, B, K, V, spl
     poison_empty(monkeypatch)
     acc, emit = lk.chain_verify_triton(*args, num_splits=splits, block_v=block)
     assert torch.equal(acc, acc_ref) and torch.equal(emit, emit_ref)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sample", "sample_q"])
+def test_ignored_draft_slots_may_hold_any_value(gen, force_triton, mode):
+    """Entries past draft_lens are ignored, even out-of-vocabulary pads (reference fix)."""
+    B, K, V = 6, 4, 50
+    drafts, lens, tp, dp, u, e = _inputs(B, K, V, mode, torch.float32, gen)
+    lens[0] = 0
+    lens[1] = 2
+    junk = drafts.clone()
+    junk[torch.arange(K)[None, :] >= lens[:, None]] = V + 1000
+    drafts[torch.arange(K)[None, :] >= lens[:, None]] = -1
+    for impl in (lk.chain_verify_ref, lk.chain_verify_triton):
+        a1, e1 = impl(drafts, lens, tp, dp, u, e)
+        a2, e2 = impl(junk, lens, tp, dp, u, e)
+        assert torch.equal(a1, a2) and torch.equal(e1, e2)

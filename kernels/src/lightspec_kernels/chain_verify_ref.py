@@ -42,6 +42,11 @@ def chain_verify_ref(
         accepted = torch.cumprod(match.long(), dim=1).sum(dim=1)  # [B]
         final = target_ids.gather(1, accepted[:, None]).squeeze(1)  # [B]
     else:
+        # Fix (lightspec-kernels): entries past draft_lens are documented as ignored, but they
+        # were used as gather/scatter indices below (an out-of-vocabulary pad such as V or a
+        # large sentinel raised an IndexError).  Replace them by token 0; valid inputs are
+        # unaffected because those slots never influence the result.
+        draft_tokens = torch.where(in_draft, draft_tokens, torch.zeros_like(draft_tokens))
         p = target_probs.float()
         p_draft = p[:, :K].gather(2, draft_tokens.clamp(min=0)[:, :, None]).squeeze(2)  # [B, K]
         if draft_probs is None:
