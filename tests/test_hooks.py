@@ -9,8 +9,8 @@ import types
 
 import pytest
 import torch
-
 from helpers import cached_tiny, hf_reference
+
 from lightspec_core import Budget, DraftProposal, MTPPipeline, VerifyResult, hookimpl
 from lightspec_core import plugins as plugins_mod
 
@@ -230,7 +230,6 @@ def test_hook_register_strategies_makes_a_strategy_usable_by_name(tiny, registry
 def test_hook_register_commands_adds_a_cli_command(tiny, registry, monkeypatch):
     import click
     from click.testing import CliRunner
-
     from lightspec_core.cli import cli
 
     model, tok, refs = tiny

@@ -16,10 +16,10 @@ import types
 from types import SimpleNamespace
 
 import pytest
+from lightspec_core.plugins import get_registry
 
 from lightspec_core import PluginError, hookimpl
 from lightspec_core import plugins as plugins_mod
-from lightspec_core.plugins import get_registry
 
 NS = "lightspec.plugins"
 
@@ -150,6 +150,7 @@ def test_broken_plugin_reported_and_skipped(fake_plugins, caplog):
 
 def test_core_keeps_working_with_a_broken_plugin(fake_plugins):
     from helpers import cached_tiny, hf_reference
+
     from lightspec_core import MTPPipeline
 
     fake_plugins(broken("beta", RuntimeError("boom at import")))
@@ -402,9 +403,8 @@ def _write_dist(site, dist: str, version: str, ep_name: str, module: str, source
 def real_site(tmp_path, monkeypatch):
     """A site folder on sys.path holding two distributions: a good plugin and one whose
     import fails; stevedore's per-process caches are emptied for the test."""
-    from stevedore import ExtensionManager
-
     from helpers import forget_discovered_plugins
+    from stevedore import ExtensionManager
 
     site = tmp_path / "site"
     _write_dist(site, "lsdemo-good", "0.3", "demo_good", "lsdemo_good", """

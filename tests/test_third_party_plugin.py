@@ -9,7 +9,6 @@ import json
 
 import pytest
 import torch
-
 from helpers import cached_tiny, ensure_example_plugin, hf_reference, save_tiny
 
 
@@ -55,8 +54,9 @@ def test_example_plugin_registered_with_its_hooks(fresh_registry):
 
 
 def test_repeat_last_by_name_is_lossless(fresh_registry):
-    from lightspec_core import MTPPipeline
     from lightspec_example import plugin as example
+
+    from lightspec_core import MTPPipeline
 
     model, tok = cached_tiny()
     prompts = ["the cat is big and the cat is", "one two one two one two", "x = y"]
