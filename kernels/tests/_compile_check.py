@@ -54,12 +54,13 @@ def _cases():
         yield "chain_sample_finish", cv._chain_sample_finish_kernel, dict(
             **accept, acc_ptr="*i64", out_ptr="*i64", pv_ptr=P, pi_ptr="*i32", K="i32", S="i32",
         ), dict(HAS_Q=has_q, KP1=32, SP=64), {}
-    for sample, has_q in ((False, False), (True, False), (True, True)):
+    for sample, has_q, pre in ((False, False, False), (False, False, True), (True, False, False), (True, True, False)):
         yield "tree_verify", tv._tree_verify_kernel, dict(
             tok_ptr="*i64", s_tok="i64", par_ptr="*i64", s_par="i64", tp_ptr="*bf16", s_tb="i64", s_tn="i64",
             dp_ptr="*bf16", s_qb="i64", s_qn="i64", u_ptr=P, s_ub="i64", e_ptr=P, s_eb="i64", ws_ptr=P,
-            path_ptr="*i64", plen_ptr="*i64", bonus_ptr="*i64", N="i32", V="i32",
-        ), dict(SAMPLE=sample, HAS_Q=has_q, NP=64, BLOCK_V=8192), {"enable_fp_fusion": False, "num_warps": 16}
+            path_ptr="*i64", plen_ptr="*i64", bonus_ptr="*i64", pv_ptr=P, pi_ptr="*i32", N="i32", V="i32", S="i32",
+        ), dict(SAMPLE=sample, PRE_ARGMAX=pre, SP=64, HAS_Q=has_q, NP=64, BLOCK_V=8192), {
+            "enable_fp_fusion": False, "num_warps": 16}
     yield "compact_kv", ck._compact_kv_kernel, dict(
         c_ptr="*bf16", s_b="i64", s_h="i64", s_t="i64", s_d="i64", keep_ptr="*i64", s_kb="i64", dst_ptr="*i64",
         H="i32", M="i32", D="i32",

@@ -76,3 +76,14 @@ def test_sampling_siblings_by_hand(force_triton):
     res = lk.tree_verify(tokens, parents, tp, None, torch.tensor([[0.0, 0.3, 0.6]]), e)
     # u = 0.6 rejects token 1 too: residual p with tokens 0 and 1 removed -> token 2
     assert res.path_len.tolist() == [0] and res.bonus.tolist() == [2]
+
+
+@pytest.mark.parametrize("B,N,V,splits,block", [(1, 8, 32001, 3, 4096), (5, 15, 1000, 4, 128), (3, 1, 20, 2, 16)])
+def test_greedy_parallel_argmax_matches_reference(gen, monkeypatch, B, N, V, splits, block):
+    """Small-batch greedy path: all node argmaxes first (split vocabulary), then the walk."""
+    args = _inputs(B, N, V, "greedy", torch.bfloat16, gen)
+    ref = lk.tree_verify_ref(*args)
+    poison_empty(monkeypatch)
+    out = lk.tree_verify_triton(*args, greedy_parallel=True, num_splits=splits, block_v=block)
+    for name, a, r in zip(out._fields, out, ref):
+        assert torch.equal(a, r), name

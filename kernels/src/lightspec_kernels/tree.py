@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, next_pow2
+from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, next_pow2, plan_splits
 from ._triton_utils import row_argmax, sample_argmax
 
 
@@ -201,8 +201,11 @@ if HAS_TRITON:
         e_ptr, s_eb,  # exponentials [B, V]
         ws_ptr,  # [B, V] f32 residual workspace
         path_ptr, plen_ptr, bonus_ptr,  # [B, N-1], [B], [B] int64
-        N, V,
+        pv_ptr, pi_ptr,  # PRE_ARGMAX: [B, N, S] partial (max, argmax) of every node's target row
+        N, V, S,
         SAMPLE: tl.constexpr,
+        PRE_ARGMAX: tl.constexpr,  # greedy: argmaxes precomputed in parallel (small batches)
+        SP: tl.constexpr,
         HAS_Q: tl.constexpr,
         NP: tl.constexpr,
         BLOCK_V: tl.constexpr,
@@ -230,7 +233,14 @@ if HAS_TRITON:
         while done == 0:
             p_row = tp_ptr + b * s_tb + cur.to(tl.int64) * s_tn
             if not SAMPLE:
-                _, t = row_argmax(p_row, 0, V, V, BLOCK_V)
+                if PRE_ARGMAX:
+                    si = tl.arange(0, SP)
+                    o = (b * N + cur) * S + si
+                    pv = tl.load(pv_ptr + o, mask=si < S, other=float("-inf"))
+                    pi = tl.load(pi_ptr + o, mask=si < S, other=BIG)
+                    t = tl.min(tl.where(pv == tl.max(pv, 0), pi, BIG), 0)
+                else:
+                    _, t = row_argmax(p_row, 0, V, V, BLOCK_V)
                 cand = is_child & (par == cur) & (tok == t)
                 child = tl.min(tl.where(cand, j, BIG), 0)
                 has = child < BIG
@@ -295,8 +305,17 @@ if HAS_TRITON:
         tl.store(bonus_ptr + b, bonus.to(tl.int64))
 
 
-def tree_verify_triton(tree_tokens, parents, target_probs, draft_probs=None, uniforms=None, exponentials=None):
-    """Triton implementation of :func:`tree_verify` (no dispatch, no value checks)."""
+def tree_verify_triton(
+    tree_tokens, parents, target_probs, draft_probs=None, uniforms=None, exponentials=None,
+    *, greedy_parallel: bool | None = None, num_splits: int | None = None, block_v: int | None = None,
+):
+    """Triton implementation of :func:`tree_verify` (no dispatch, no value checks).
+
+    Greedy trees are walked by one program per row.  With ``greedy_parallel`` (default:
+    on CUDA when B < 32) the target argmax of every node is first computed by a grid
+    of (row, node, vocabulary chunk) programs, so a small batch reads all N rows in
+    parallel instead of the visited rows one after the other.
+    """
     _check(tree_tokens, parents, target_probs, draft_probs, uniforms, exponentials)
     B, N = tree_tokens.shape
     V = target_probs.shape[2]
@@ -316,6 +335,24 @@ def tree_verify_triton(tree_tokens, parents, target_probs, draft_probs=None, uni
         lc, (tree_tokens, parents, target_probs, draft_probs, uniforms, exponentials)
     )
     sample = uniforms is not None
+    cuda = dev.type == "cuda"
+    # one program walks a whole tree: large blocks and 16 warps keep more bytes in flight
+    block = block_v or min(next_pow2(V), 8192 if cuda else 16384)
+    pre = (not sample) and (greedy_parallel if greedy_parallel is not None else (cuda and B < 32))
+    if pre:
+        from .chain import _chain_argmax_kernel
+
+        ablock = block_v or min(next_pow2(V), 4096 if cuda else 16384)
+        S, chunk = plan_splits(V, ablock, B * N, dev, num_splits)
+        pv = torch.empty((B, N, S), dtype=torch.float32, device=dev)
+        pi = torch.empty((B, N, S), dtype=torch.int32, device=dev)
+        all_nodes = torch.full((B,), N - 1, dtype=torch.long, device=dev)
+        _chain_argmax_kernel[(B, N, S)](
+            target_probs, target_probs.stride(0), target_probs.stride(1), all_nodes, pv, pi, N - 1, V, chunk,
+            BLOCK_V=ablock, num_warps=8 if cuda else 1,
+        )
+    else:
+        S, pv, pi = 1, out.path_len, out.path_len  # unused
     ws = torch.empty((B, V) if sample else (1, 1), dtype=torch.float32, device=dev)
     dp = draft_probs if draft_probs is not None else target_probs
     u = uniforms if sample else tree_tokens
@@ -325,11 +362,10 @@ def tree_verify_triton(tree_tokens, parents, target_probs, draft_probs=None, uni
         target_probs, target_probs.stride(0), target_probs.stride(1),
         dp, dp.stride(0), dp.stride(1),
         u, u.stride(0), e, e.stride(0), ws,
-        out.path, out.path_len, out.bonus, N, V,
-        SAMPLE=sample, HAS_Q=draft_probs is not None, NP=max(next_pow2(N), 2),
-        # one program walks a whole tree: large blocks and 16 warps keep more bytes in flight
-        BLOCK_V=min(next_pow2(V), 8192 if dev.type == "cuda" else 16384),
-        num_warps=16 if dev.type == "cuda" else 1,
+        out.path, out.path_len, out.bonus, pv, pi, N, V, S,
+        SAMPLE=sample, PRE_ARGMAX=pre, SP=max(next_pow2(S), 2), HAS_Q=draft_probs is not None,
+        NP=max(next_pow2(N), 2), BLOCK_V=block,
+        num_warps=16 if cuda else 1,
         enable_fp_fusion=False,  # r - Z*q must round like the reference (no FMA)
     )
     return out
