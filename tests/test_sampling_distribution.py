@@ -1,0 +1,335 @@
+"""Sampling keeps the target distribution.
+
+* ``verify_chain`` on synthetic distributions, in the spirit of vLLM's
+  ``test_rejection_sampling_approximates_target_distribution``: as the number of samples
+  grows, the distance of the output histogram to the target shrinks at least 20x faster
+  than its distance to random reference distributions — for drafters with
+  probabilities and for drafters without (n-gram style, verified as one-hot).
+* End to end through the pipeline on a tiny model with temperature/top-k/top-p/min-p:
+  speculative sampling produces the same token distribution as plain sampling.
+* Seeded runs are reproducible; ``warp_logits`` equals HF's warpers.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from models import ToyTokenizer, build_model, cached_model
+
+from lightspec_core import MTPPipeline
+from lightspec_core.interfaces import DraftProposal, RowHistory, StepContext
+from lightspec_core.sampling import SamplingParams, warp_logits, warped_probs
+from lightspec_core.verify import verify_chain
+
+VOCAB = 10
+K = 2
+SIZES = [10, 100, 1_000, 10_000, 100_000]
+N_REF = 100
+
+
+def make_ctx(batch: int, sampling: SamplingParams, seed: int) -> StepContext:
+    g = torch.Generator().manual_seed(seed)
+    return StepContext(
+        step=1,
+        sequences=[[0]] * batch,
+        row_ids=list(range(batch)),
+        max_draft=torch.full((batch,), K),
+        max_draft_list=[K] * batch,
+        min_confidence=torch.zeros(batch),
+        sampling=sampling,
+        generators=[g] * batch,  # one stream shared by all rows: independent draws
+        history=[RowHistory() for _ in range(batch)],
+        target=None,
+        tokenizer=None,
+        device=torch.device("cpu"),
+        vocab_size=VOCAB,
+    )
+
+
+def sample_outputs(n, target_logits, draft_dist, with_probs, sampling, seed):
+    """Run verify_chain over n rows; return the non-bonus emitted tokens (1-D)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    drafts = torch.multinomial(draft_dist, n * K, replacement=True, generator=gen).view(n, K)
+    probs = draft_dist.expand(n, K, VOCAB).contiguous() if with_probs else None
+    proposal = DraftProposal(tokens=drafts, lengths=torch.full((n,), K), probs=probs, source="test")
+    logits = target_logits.expand(n, K + 1, VOCAB).contiguous()
+    result = verify_chain(make_ctx(n, sampling, seed), proposal, logits)
+    assert result.emitted.shape == (n, K + 1)
+    acc = result.accepted
+    assert bool(((acc >= 0) & (acc <= K)).all())
+    # accepted drafts are emitted unchanged
+    pos = torch.arange(K)
+    kept = pos[None, :] < acc[:, None]
+    assert torch.equal(result.emitted[:, :K][kept], drafts[kept])
+    # exactly accepted + 1 tokens, then -1
+    n_emitted = (result.emitted >= 0).sum(1)
+    assert torch.equal(n_emitted, acc + 1)
+    non_bonus = result.emitted[:, :K]
+    return non_bonus[non_bonus >= 0], acc
+
+
+@pytest.mark.parametrize("with_probs", [True, False], ids=["draft_probs", "one_hot"])
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_k=7, top_p=0.95, min_p=0.02)],
+    ids=["plain", "warped"],
+)
+def test_rejection_sampling_approximates_target_distribution(with_probs, sampling):
+    torch.manual_seed(1234)
+    target_logits = torch.randn(VOCAB) * 1.5
+    target = warped_probs(target_logits, sampling)  # what plain sampling draws from
+    if with_probs:
+        # a warped draft distribution with zeros in it (as a real warped drafter has)
+        draft_dist = warped_probs(torch.randn(VOCAB) * 1.5, SamplingParams(temperature=1.0, top_k=6))
+    else:
+        draft_dist = torch.softmax(torch.randn(VOCAB), -1)  # how the n-gram drafter happened to choose
+    refs = torch.softmax(torch.randn(N_REF, VOCAB) * 1.5, -1)
+    d_target, d_refs = [], []
+    total_accepted = 0
+    for i, n in enumerate(SIZES):
+        tokens, acc = sample_outputs(n, target_logits, draft_dist, with_probs, sampling, seed=100 + i)
+        total_accepted += int(acc.sum())
+        hist = torch.bincount(tokens, minlength=VOCAB).float()
+        hist /= hist.sum()
+        d_target.append(float(torch.linalg.norm(hist - target)))
+        d_refs.append(float(torch.linalg.norm(hist[None] - refs, dim=1).mean()))
+        # never emits a token the warped target excludes
+        assert float(target[tokens].min()) > 0
+    target_ratio = d_target[0] / d_target[-1]
+    ref_ratio = d_refs[0] / d_refs[-1]
+    assert target_ratio > 20 * ref_ratio, (d_target, d_refs)
+    assert d_target[-1] < 0.01, d_target
+    assert total_accepted > 0
+
+
+def test_distribution_test_detects_a_biased_verifier():
+    """The criterion has power: emitting the draft tokens unverified fails it."""
+    torch.manual_seed(7)
+    target = torch.softmax(torch.randn(VOCAB) * 1.5, -1)
+    draft_dist = torch.softmax(torch.randn(VOCAB) * 1.5, -1)
+    refs = torch.softmax(torch.randn(N_REF, VOCAB) * 1.5, -1)
+    d_t, d_r = [], []
+    for n in SIZES:
+        tokens = torch.multinomial(draft_dist, n, replacement=True)
+        hist = torch.bincount(tokens, minlength=VOCAB).float() / n
+        d_t.append(float(torch.linalg.norm(hist - target)))
+        d_r.append(float(torch.linalg.norm(hist[None] - refs, dim=1).mean()))
+    assert not (d_t[0] / d_t[-1] > 20 * d_r[0] / d_r[-1])
+
+
+def test_greedy_verify_chain_prefix_rule():
+    """Greedy: keep drafts while they equal the target argmax, then the argmax."""
+    ctx = make_ctx(3, SamplingParams(), 0)
+    logits = torch.full((3, K + 1, VOCAB), -5.0)
+    target_ids = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]])
+    logits.scatter_(2, target_ids[:, :, None], 5.0)
+    drafts = torch.tensor([[1, 2], [4, 0], [0, 8]])
+    lengths = torch.tensor([2, 2, 1])
+    r = verify_chain(ctx, DraftProposal(drafts, lengths), logits)
+    assert r.accepted.tolist() == [2, 1, 0]
+    assert r.emitted.tolist() == [[1, 2, 3], [4, 5, -1], [7, -1, -1]]
+
+
+# --- end to end ------------------------------------------------------------------------
+
+SAMPLING = dict(temperature=0.9, top_k=12, top_p=0.9, min_p=0.05)
+N_ROWS = 1200
+N_NEW = 4
+SMALL_VOCAB = 64
+
+
+def _two_sample_chi2(a: list, b: list) -> tuple[float, int]:
+    """Chi-square statistic and degrees of freedom of a two-sample homogeneity test;
+    categories with < 10 pooled counts are merged."""
+    from collections import Counter
+
+    ca, cb = Counter(a), Counter(b)
+    cats = sorted(set(ca) | set(cb), key=lambda c: -(ca[c] + cb[c]))
+    bins, rest_a, rest_b = [], 0, 0
+    for c in cats:
+        if ca[c] + cb[c] >= 10:
+            bins.append((ca[c], cb[c]))
+        else:
+            rest_a += ca[c]
+            rest_b += cb[c]
+    if rest_a + rest_b:
+        bins.append((rest_a, rest_b))
+    na, nb = len(a), len(b)
+    stat = 0.0
+    for x, y in bins:
+        tot = x + y
+        ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
+        stat += (x - ea) ** 2 / ea + (y - eb) ** 2 / eb
+    return stat, len(bins) - 1
+
+
+def _chi2_sf(stat: float, df: int) -> float:
+    """Survival function of chi-square(df) (Wilson-Hilferty approximation)."""
+    if df <= 0:
+        return 1.0
+    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def _samples(pipe, prompt, seeds, **sampling):
+    out = pipe.generate([prompt] * len(seeds), max_new_tokens=N_NEW, seed=seeds, ignore_eos=True, **sampling)
+    return [tuple(o.token_ids) for o in out], out
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    """A vocab-64 target (concentrated distributions), a draft that is a perturbed copy
+    of it (q != p but overlapping), and a prompt holding every token once, so the n-gram
+    drafter finds any sampled token in it and drafts what followed."""
+    tok = ToyTokenizer(SMALL_VOCAB)
+    target = build_model("llama", vocab_size=SMALL_VOCAB)
+    draft = copy.deepcopy(target)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    prompt = (torch.randperm(SMALL_VOCAB - 3, generator=g) + 3).tolist()
+    plain = MTPPipeline(target, tok, strategy="none")
+    base, _ = _samples(plain, prompt, list(range(N_ROWS)), **SAMPLING)
+    return tok, target, draft, prompt, plain, base
+
+
+@pytest.mark.parametrize("strategy", ["draft_model", "ngram"])
+def test_speculative_sampling_matches_plain_sampling(e2e, strategy):
+    tok, target, draft, prompt, plain, base = e2e
+    pipe = MTPPipeline(target, tok, strategy=strategy, draft_model=draft if strategy == "draft_model" else None,
+                       budget={"type": "static", "k": 2})
+    spec, out = _samples(pipe, prompt, list(range(10_000, 10_000 + N_ROWS)), **SAMPLING)
+    drafted = sum(o.stats.drafted for o in out)
+    accepted = sum(o.stats.accepted for o in out)
+    assert drafted > N_ROWS and 0 < accepted < drafted, (drafted, accepted)
+    # marginals of each position after the first (those went through verification), and pairs
+    for pos in range(1, N_NEW):
+        stat, df = _two_sample_chi2([s[pos] for s in base], [s[pos] for s in spec])
+        assert _chi2_sf(stat, df) > 1e-3, f"position {pos}: chi2={stat:.1f} df={df}"
+    for a, b in ((0, 1), (1, 2), (2, 3)):
+        stat, df = _two_sample_chi2([s[a:b + 1] for s in base], [s[a:b + 1] for s in spec])
+        assert _chi2_sf(stat, df) > 1e-3, f"pairs {a},{b}: chi2={stat:.1f} df={df}"
+
+
+def test_e2e_distribution_test_has_power(e2e):
+    """The same chi-square check rejects a somewhat different temperature."""
+    tok, target, draft, prompt, plain, base = e2e
+    other, _ = _samples(plain, prompt, list(range(20_000, 20_000 + N_ROWS)), **{**SAMPLING, "temperature": 1.3})
+    stat, df = _two_sample_chi2([s[1:3] for s in base], [s[1:3] for s in other])
+    assert _chi2_sf(stat, df) < 1e-3
+
+
+REPRO_PROMPTS = [[5, 17, 33, 5, 17, 33, 5, 17], [9, 8, 7], [40, 41, 42, 43, 44, 45]]
+REPRO_KW = dict(max_new_tokens=12, temperature=1.0, top_p=0.95, ignore_eos=True)
+
+
+def _repro_pipe(strategy):
+    target = cached_model("llama")
+    return MTPPipeline(target, ToyTokenizer(), strategy=strategy,
+                       draft_model=cached_model("llama", 1, 1) if strategy == "draft_model" else None,
+                       budget={"type": "static", "k": 3})
+
+
+@pytest.mark.parametrize("strategy", ["none", "draft_model", "ngram"])
+def test_seeded_runs_are_reproducible(strategy):
+    pipe = _repro_pipe(strategy)
+    prompts, kw = REPRO_PROMPTS, REPRO_KW
+    a = pipe.generate(prompts, seed=[1, 2, 3], **kw)
+    b = pipe.generate(prompts, seed=[1, 2, 3], **kw)
+    assert [o.token_ids for o in a] == [o.token_ids for o in b]
+    assert [o.text for o in a] == [o.text for o in b]
+    c = pipe.generate(prompts, seed=[4, 5, 6], **kw)
+    assert [o.token_ids for o in a] != [o.token_ids for o in c]
+    # one int seed for all rows is reproducible too
+    d1 = pipe.generate(prompts, seed=11, **kw)
+    d2 = pipe.generate(prompts, seed=11, **kw)
+    assert [o.token_ids for o in d1] == [o.token_ids for o in d2]
+    # string prompt + int seed
+    s1 = pipe.generate("abcabcab", seed=3, **kw)
+    s2 = pipe.generate("abcabcab", seed=3, **kw)
+    assert s1.text == s2.text and s1.token_ids == s2.token_ids
+
+
+BATCH_DEPENDENT_RNG = pytest.mark.xfail(
+    strict=True,
+    reason="core bug: a row's generators are consumed per batch-wide draft length (verify.random_inputs draws "
+    "torch.rand(K) with K = the batch's longest draft; ModelDrafter draws noise for every row at every draft "
+    "position, also rows that stopped), so a seeded request's output depends on the other rows",
+)
+
+
+@pytest.mark.parametrize("strategy", ["none", pytest.param("draft_model", marks=BATCH_DEPENDENT_RNG)])
+def test_seeded_request_independent_of_batch(strategy):
+    """verify.py promises: "a seeded request is reproducible whatever else shares its batch"."""
+    pipe = _repro_pipe(strategy)
+    a = pipe.generate(REPRO_PROMPTS, seed=[1, 2, 3], **REPRO_KW)
+    for i, s in enumerate([1, 2, 3]):
+        alone = pipe.generate([REPRO_PROMPTS[i]], seed=[s], **REPRO_KW)[0]
+        assert alone.token_ids == a[i].token_ids, f"row {i}"
+
+
+# --- warping equals HF -------------------------------------------------------------------
+
+
+def _hf_warp(logits, temperature, top_k, top_p, min_p):
+    from transformers.generation.logits_process import (
+        MinPLogitsWarper,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    x = logits.clone()
+    ids = torch.zeros(logits.shape[0], 1, dtype=torch.long)
+    if temperature not in (0, 1):
+        x = TemperatureLogitsWarper(temperature)(ids, x)
+    if top_k:
+        x = TopKLogitsWarper(top_k=top_k)(ids, x)
+    if top_p < 1.0:
+        x = TopPLogitsWarper(top_p=top_p)(ids, x)
+    if min_p > 0:
+        x = MinPLogitsWarper(min_p=min_p)(ids, x)
+    return x
+
+
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p,min_p",
+    [
+        (1.0, 0, 1.0, 0.0),
+        (0.7, 0, 1.0, 0.0),
+        (1.3, 5, 1.0, 0.0),
+        (1.0, 0, 0.8, 0.0),
+        (1.0, 0, 1.0, 0.1),
+        (0.6, 20, 0.9, 0.05),
+        (2.0, 3, 0.5, 0.2),
+        (1.0, 1, 1.0, 0.0),
+        (1.0, 0, 0.01, 0.0),
+    ],
+)
+@pytest.mark.parametrize("ties", [False, True])
+def test_warp_logits_matches_hf(temperature, top_k, top_p, min_p, ties):
+    torch.manual_seed(0)
+    logits = torch.randn(16, 300) * 3
+    if ties:
+        logits = logits.round()  # many exact ties at the top-k / top-p boundaries
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    ours = warp_logits(logits, params)
+    ref = _hf_warp(logits, temperature, top_k, top_p, min_p)
+    assert torch.equal(torch.isinf(ours), torch.isinf(ref))
+    finite = torch.isfinite(ref)
+    torch.testing.assert_close(ours[finite], ref[finite], rtol=0, atol=0)
+    torch.testing.assert_close(warped_probs(logits, params), ref.softmax(-1))
+    assert bool(finite.any(-1).all())
+
+
+def test_sampling_params_validation():
+    for bad in (dict(temperature=-1), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=1.0),
+                dict(seed="x"), dict(temperature=float("nan"))):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+    assert SamplingParams().greedy and not SamplingParams(temperature=0.5).greedy
