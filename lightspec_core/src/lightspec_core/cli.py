@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 
 import click
@@ -22,10 +21,9 @@ class _Group(click.Group):
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
-        strict = "--strict-plugins" in sys.argv or None
         from .plugins import get_registry
 
-        reg = get_registry(strict=strict)
+        reg = get_registry(strict=True if ctx.params.get("strict_plugins") else None)
         reg.pm.hook.lightspec_register_commands(cli=self)
 
     def get_command(self, ctx, name):
@@ -52,7 +50,9 @@ def cli(ctx, debug, strict_plugins):
     ctx.ensure_object(dict)
     ctx.obj["debug"] = debug
     if strict_plugins:
-        os.environ["LIGHTSPEC_STRICT_PLUGINS"] = "1"
+        from .plugins import get_registry
+
+        get_registry(reload=True, strict=True)
     logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 

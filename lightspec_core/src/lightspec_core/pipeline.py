@@ -283,6 +283,8 @@ class MTPPipeline:
                     s.new_tokens = len(generated[o.request])
                     s.finish_reason = o.finish_reason
                     s.wall_time_s = time.perf_counter() - t0
+                    for sink in self.bound.sinks:  # sinks hear about finished requests too
+                        sink(event=s)
                 yield o, generated[o.request]
 
     def _collect(self, it, single: bool):

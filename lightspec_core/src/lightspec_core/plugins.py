@@ -9,6 +9,7 @@ and skipped, unless strict mode is on.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -75,22 +76,17 @@ def validate_hooks(obj: Any, label: str) -> list[str]:
         if not callable(value):
             continue
         if attr not in KNOWN_HOOKS:
-            close = [h for h in sorted(KNOWN_HOOKS) if _similar(attr, h)]
+            close = difflib.get_close_matches(attr, sorted(KNOWN_HOOKS), n=1, cutoff=0.75)
             hint = f" (did you mean {close[0]}?)" if close else ""
             raise PluginError(
                 f"{label}: {attr!r} is not a LightSpec hook{hint}; known hooks: {', '.join(sorted(KNOWN_HOOKS))}"
             )
         opts = getattr(value, hookspecs.PROJECT + "_impl", None)
-        if opts and attr in hookspecs.PER_STEP_HOOKS and (opts.get("hookwrapper") or opts.get("wrapper")):
-            raise PluginError(f"{label}: {attr} cannot be a hook wrapper: per-step hooks are resolved once and called directly")
+        if opts and (opts.get("hookwrapper") or opts.get("wrapper")):
+            why = "per-step hooks are resolved once and called directly" if attr in hookspecs.PER_STEP_HOOKS else "registration hooks are called directly"
+            raise PluginError(f"{label}: {attr} cannot be a hook wrapper: {why}")
         implemented.append(attr)
     return implemented
-
-
-def _similar(a: str, b: str) -> bool:
-    import difflib
-
-    return difflib.SequenceMatcher(None, a, b).ratio() > 0.75
 
 
 def new_plugin_manager() -> pluggy.PluginManager:
@@ -167,25 +163,21 @@ class PluginRegistry:
         """
         if allow is not None and not allow:
             return
-        from stevedore import ExtensionManager
+        from stevedore import ExtensionManager, NamedExtensionManager
 
         def on_failure(manager, entry_point, exc):
             self._fail(entry_point, exc, strict)
 
-        manager = ExtensionManager(
-            namespace=NAMESPACE,
-            invoke_on_load=False,
-            on_load_failure_callback=on_failure,
-            verify_requirements=False,
-        )
+        ExtensionManager.ENTRY_POINT_CACHE.pop(NAMESPACE, None)  # see plugins installed since the last look
+        common = dict(invoke_on_load=False, on_load_failure_callback=on_failure, verify_requirements=False)
+        if allow is None:
+            manager = ExtensionManager(namespace=NAMESPACE, **common)
+        else:  # import only the allowed plugins
+            manager = NamedExtensionManager(namespace=NAMESPACE, names=allow, name_order=True, **common)
         found = set()
         for ext in manager.extensions:
             found.add(ext.name)
-            if allow is not None and ext.name not in allow:
-                continue
-            dist = getattr(ext.entry_point, "dist", None)
-            dist_name = dist.metadata["Name"] if dist is not None else "?"
-            version = dist.version if dist is not None else ""
+            dist_name, version = _distribution(ext.entry_point)
             try:
                 self.add_plugin(ext.plugin, ext.name, dist_name, version)
             except Exception as exc:  # a broken plugin never crashes the core
@@ -199,10 +191,9 @@ class PluginRegistry:
                 log.warning(msg)
 
     def _fail(self, entry_point, exc: BaseException, strict: bool) -> None:
-        dist = getattr(entry_point, "dist", None)
         failure = PluginFailure(
             name=getattr(entry_point, "name", str(entry_point)),
-            distribution=dist.metadata["Name"] if dist is not None else "?",
+            distribution=_distribution(entry_point)[0],
             entry_point=getattr(entry_point, "value", str(entry_point)),
             error=f"{type(exc).__name__}: {exc}",
         )
@@ -238,6 +229,22 @@ class PluginRegistry:
             except AttributeError:
                 pass
         return obj
+
+
+def _distribution(entry_point) -> tuple[str, str]:
+    """(distribution name, version) that declares ``entry_point``; stevedore's cached
+    entry points carry no ``.dist``, so look it up in the installed metadata."""
+    dist = getattr(entry_point, "dist", None)
+    if dist is None:
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=NAMESPACE):
+            if ep.name == getattr(entry_point, "name", None) and ep.value == getattr(entry_point, "value", None):
+                dist = ep.dist
+                break
+    if dist is None:
+        return "?", ""
+    return dist.metadata["Name"], dist.version
 
 
 _registry: PluginRegistry | None = None
