@@ -379,3 +379,21 @@ def test_engine_captures_requested_hidden_states(model, tok, refs):
     out = pipe.generate(PROMPTS, max_new_tokens=10, ignore_eos=True)
     assert [o.token_ids for o in out] == [r[:10] for r in refs]
     assert probe.checked > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_reduced_precision_runs(tok, dtype):
+    """bf16/fp16 models: plain decoding through the engine equals HF at batch 1;
+    speculation runs and emits exactly max_new_tokens (exact equality with
+    speculation is only promised in fp32: a k-token forward may flip a near-tie)."""
+    import copy
+
+    model = copy.deepcopy(cached_model("gpt2")).to(dtype)
+    prompts = PROMPTS[:2]
+    plain = MTPPipeline(model, tok, strategy="none")
+    for p in prompts:
+        assert plain.generate([p], max_new_tokens=12, ignore_eos=True)[0].token_ids == hf_greedy(model, p, 12)
+    spec = MTPPipeline(model, tok, strategy="draft_model", draft_model=model, budget=STATIC)
+    out = spec.generate(prompts, max_new_tokens=12, ignore_eos=True)
+    assert all(len(o.token_ids) == 12 for o in out)
+    assert sum(o.stats.accepted for o in out) > 0

@@ -133,3 +133,37 @@ def test_mixed_batch_matches_batch1_with_eos_stops(tok):
         assert o.token_ids == ref[:cut], f"row {i}"
         assert o.finish_reason == ("stop" if cut < len(ref) else "length")
     assert model is pipe.target
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_lossless_long_generation_compaction_and_growth(arch, tok, monkeypatch):
+    """90 new tokens, k=8 drafts (ragged acceptance across rows → holes), a
+    length-1 prompt in the batch: the KV cache compacts and its slabs grow mid-run, and
+    the output is still token-identical to HF."""
+    import lightspec_core.kvcache as kvmod
+
+    calls = {"compact": 0, "grow": 0}
+    compact, grow = kvmod.BatchedKV.compact, kvmod.SlabLayer._grow
+
+    def counting_compact(self):
+        calls["compact"] += 1
+        return compact(self)
+
+    def counting_grow(self, needed):
+        calls["grow"] += 1
+        return grow(self, needed)
+
+    monkeypatch.setattr(kvmod.BatchedKV, "compact", counting_compact)
+    monkeypatch.setattr(kvmod.SlabLayer, "_grow", counting_grow)
+    model = cached_model(arch)
+    prompts = make_prompts(8, seed=9) + [[7]]
+    n = 90
+    expected = [hf_greedy(model, p, n) for p in prompts]
+    static8 = {"type": "static", "k": 8}
+    for strategy, opts, budget in (("draft_model", {"draft_model": cached_model(arch, 1, 1)}, static8),
+                                   ("ngram", {}, static8), ("layerskip", {"layers": 2}, static8)):
+        pipe = MTPPipeline(model, tok, strategy=strategy, budget=budget, **opts)
+        out = pipe.generate(prompts, max_new_tokens=n, ignore_eos=True)
+        for i, (o, ref) in enumerate(zip(out, expected)):
+            assert o.token_ids == ref, f"{arch}/{strategy}: row {i} differs from HF"
+    assert calls["compact"] > 0 and calls["grow"] > 0, calls

@@ -198,10 +198,25 @@ def e2e():
     return tok, target, draft, prompt, plain, base
 
 
-@pytest.mark.parametrize("strategy", ["draft_model", "ngram"])
+E2E_STRATEGIES = {
+    "draft_model": "draft_model",
+    "ngram": "ngram",
+    # n-gram draft (one-hot q) extended by the draft model (real q) in one proposal
+    "cascade": {"type": "combination", "kind": "cascade", "components": [{"type": "ngram", "max_draft": 1}, "draft_model"]},
+    "hybrid": "hybrid",
+}
+
+
+@pytest.mark.parametrize("strategy", list(E2E_STRATEGIES))
 def test_speculative_sampling_matches_plain_sampling(e2e, strategy):
     tok, target, draft, prompt, plain, base = e2e
-    pipe = MTPPipeline(target, tok, strategy=strategy, draft_model=draft if strategy == "draft_model" else None,
+    spec = E2E_STRATEGIES[strategy]
+    if isinstance(spec, dict):
+        from lightspec_core.composer import build_strategy
+        from lightspec_core.plugins import get_registry
+
+        spec = build_strategy(spec, get_registry())
+    pipe = MTPPipeline(target, tok, strategy=spec, draft_model=None if strategy == "ngram" else draft,
                        budget={"type": "static", "k": 2})
     spec, out = _samples(pipe, prompt, list(range(10_000, 10_000 + N_ROWS)), **SAMPLING)
     drafted = sum(o.stats.drafted for o in out)
@@ -257,13 +272,16 @@ def test_seeded_runs_are_reproducible(strategy):
 
 BATCH_DEPENDENT_RNG = pytest.mark.xfail(
     strict=True,
-    reason="core bug: a row's generators are consumed per batch-wide draft length (verify.random_inputs draws "
-    "torch.rand(K) with K = the batch's longest draft; ModelDrafter draws noise for every row at every draft "
-    "position, also rows that stopped), so a seeded request's output depends on the other rows",
+    reason="core bug: how many numbers a row's generators give depends on the other rows: verify.random_inputs "
+    "draws torch.rand(K) with K = the batch's longest draft, a step where no row drafts uses sample_next (no "
+    "uniforms) while a row alone may draft, and ModelDrafter draws noise for every row at every draft position up "
+    "to the batch's longest draft; so a seeded request's output depends on what shares its batch",
 )
 
 
-@pytest.mark.parametrize("strategy", ["none", pytest.param("draft_model", marks=BATCH_DEPENDENT_RNG)])
+@pytest.mark.parametrize(
+    "strategy", ["none", pytest.param("draft_model", marks=BATCH_DEPENDENT_RNG), pytest.param("ngram", marks=BATCH_DEPENDENT_RNG)]
+)
 def test_seeded_request_independent_of_batch(strategy):
     """verify.py promises: "a seeded request is reproducible whatever else shares its batch"."""
     pipe = _repro_pipe(strategy)

@@ -133,7 +133,17 @@ def test_jsonl_and_summaries(tmp_path, tok, strategy):
         assert o.stats.new_tokens == N_NEW
     if strategy == "self":
         assert sum(o.stats.accepted for o in out) > 0
-        assert any(e["confidence"][0] is not None for e in steps)
+    if strategy in ("self", "draft_model"):
+        # a model drafter reports its first-slot peak probability and entropy
+        vals = [(e["confidence"][b], e["entropy"][b]) for e in steps for b in range(len(e["row_ids"])) if e["drafted"][b]]
+        assert vals
+        assert all(c is not None and 0 < c <= 1 and h is not None and h >= 0 for c, h in vals), vals[:3]
+        assert all(src == "draft_model" for e in steps for src, d in zip(e["sources"], e["drafted"]) if d)
+    if strategy == "ngram":
+        assert all(src == "ngram" for e in steps for src, d in zip(e["sources"], e["drafted"]) if d)
+    if strategy == "hybrid":  # no draft model given: n-gram or layer skip, per row and step
+        used = {src for e in steps for src, d in zip(e["sources"], e["drafted"]) if d}
+        assert used and used <= {"ngram", "layerskip"}, used
     if strategy == "none":
         assert all(sum(e["drafted"]) == 0 for e in steps)
         assert all(o.stats.steps == N_NEW - 1 for o in out)
