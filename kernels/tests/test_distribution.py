@@ -72,7 +72,7 @@ def test_tree_sampling_keeps_target_distribution(gen, with_q):
         tokens = torch.multinomial(q, B * N, replacement=True, generator=gen).view(B, N)
         dp = q.expand(B, N, V).contiguous()
     else:  # one-hot drafts: distinct sibling tokens, e.g. a random top-k style pick
-        tokens = torch.stack([torch.randperm(V, generator=gen)[:N] for _ in range(B)])
+        tokens = torch.rand((B, V), generator=gen).argsort(dim=1)[:, :N]
         dp = None
     u = torch.rand((B, N), generator=gen)
     e = exponentials(B, V, gen)
