@@ -80,7 +80,7 @@ print("\n".join(lines))
 PYEOF
 tar -C "$WORK/models" -cf "$WORK/zoo_models.tar" target draft
 ( cd "$WORK" && sha256sum zoo_models.tar ) > "$OUT/zoo_models.sha256"
-split -b 15M -a 2 "$WORK/zoo_models.tar" "$OUT/zoo_models.tar.part-"
+split -b "${SPLIT:-15M}" -a 2 "$WORK/zoo_models.tar" "$OUT/zoo_models.tar.part-"
 ls -la "$OUT"
 n=$(ls "$OUT" | wc -l); [ "$n" -le 8 ] || { echo "too many output files: $n"; exit 3; }
 echo "done; unpack with: bash zoo/scripts/unpack_gpu_out.sh <dir with these files>"

@@ -38,11 +38,11 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 
 PRESETS = {
-    # ~14.6M parameters with the 8192 vocab (tied embeddings)
+    # 15.5M parameters with the 8192 vocab (tied embeddings)
     "target": dict(hidden=384, layers=7, heads=6, kv_heads=6, intermediate=1024),
-    # ~2.6M parameters
+    # ~2.46M parameters
     "draft": dict(hidden=192, layers=2, heads=3, kv_heads=3, intermediate=512),
-    # small models for the CPU-only build (~4.8M / ~1.4M)
+    # small models for the CPU-only build (5.3M / 1.25M)
     "target-cpu": dict(hidden=256, layers=4, heads=4, kv_heads=4, intermediate=704),
     "draft-cpu": dict(hidden=128, layers=1, heads=2, kv_heads=2, intermediate=352),
     # smoke tests
