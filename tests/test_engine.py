@@ -397,3 +397,113 @@ def test_reduced_precision_runs(tok, dtype):
     out = spec.generate(prompts, max_new_tokens=12, ignore_eos=True)
     assert all(len(o.token_ids) == 12 for o in out)
     assert sum(o.stats.accepted for o in out) > 0
+
+
+class MalformedDrafter:
+    """Returns a proposal the engine must reject (then decode plainly for that step)."""
+
+    name = "malformed"
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    @hookimpl
+    def lightspec_propose(self, ctx):
+        B, k = ctx.batch, max(ctx.max_draft_list)
+        if k == 0:
+            return None
+        tokens = torch.full((B, k), 5, dtype=torch.long)
+        lengths = ctx.max_draft.clone()
+        if self.kind == "too_long":
+            lengths = lengths + 1
+            tokens = torch.full((B, k + 1), 5, dtype=torch.long)
+        elif self.kind == "bad_ids":
+            tokens[:, 0] = 10_000
+        elif self.kind == "wrong_rows":
+            tokens, lengths = tokens[:1].repeat(B + 1, 1), lengths[:1].repeat(B + 1)
+        return DraftProposal(tokens=tokens, lengths=lengths, source=self.name)
+
+
+@pytest.mark.parametrize("kind", ["too_long", "bad_ids", "wrong_rows"])
+def test_malformed_proposal_falls_back(model, tok, refs, kind):
+    pipe = MTPPipeline(model, tok, strategy=MalformedDrafter(kind), budget=STATIC)
+    out = pipe.generate(PROMPTS, max_new_tokens=8, ignore_eos=True)
+    for o, r in zip(out, refs):
+        assert o.token_ids == r[:8]
+        assert o.stats.failures and all("propose failed" in f for f in o.stats.failures)
+        assert o.stats.accepted == 0
+
+
+def test_streaming_with_stop_and_eos(model, tok, refs):
+    pipe = self_draft_pipe(model, tok)
+    ref = refs[2]
+    eos = ref[12]
+    pipe.eos_ids = {eos}
+    full = pipe.generate([PROMPTS[2], PROMPTS[3]], max_new_tokens=N_NEW)
+    got = ["", ""]
+    for i, piece in pipe.generate([PROMPTS[2], PROMPTS[3]], max_new_tokens=N_NEW, stream=True):
+        got[i] += piece
+    assert got == [o.text for o in full]
+    assert full[0].token_ids == ref[: ref.index(eos) + 1]
+
+
+class NegPaddedDrafter:
+    """Row 0 drafts (repeats of its last token), the other rows draft nothing; padding
+    slots hold -1 (the convention VerifyResult uses). interfaces.DraftProposal says row b's
+    draft is ``tokens[b, :lengths[b]]`` and the rest is padding, so its value must not matter."""
+
+    name = "negpad"
+
+    @hookimpl
+    def lightspec_propose(self, ctx):
+        B, k = ctx.batch, max(ctx.max_draft_list)
+        if k == 0:
+            return None
+        tokens = torch.full((B, k), -1, dtype=torch.long)
+        lengths = torch.zeros(B, dtype=torch.long)
+        tokens[0, : ctx.max_draft_list[0]] = ctx.sequences[0][-1]
+        lengths[0] = ctx.max_draft_list[0]
+        return DraftProposal(tokens=tokens, lengths=lengths, source=self.name)
+
+
+@pytest.mark.xfail(strict=True, reason="core bug: Engine._check_proposal (engine.py) checks token ids over the whole "
+                   "[B, K] tensor, padding included, so a proposal padded with -1 fails the step for every row")
+def test_proposal_padding_value_is_ignored(model, tok, refs):
+    pipe = MTPPipeline(model, tok, strategy=NegPaddedDrafter(), budget=STATIC)
+    out = pipe.generate(PROMPTS, max_new_tokens=8, ignore_eos=True)
+    assert [o.token_ids for o in out] == [r[:8] for r in refs]
+    assert not any(o.stats.failures for o in out), out[0].stats.failures[:1]
+    assert out[0].stats.drafted > 0
+
+
+def _padded_pair(target_vocab, draft_vocab):
+    """A target and a draft that share a 512-token tokenizer but whose embedding/lm_head
+    sizes are padded differently (as in real model families, e.g. 151936 vs 152064).
+    Padded lm_head rows are zero, so those ids are never the argmax / never in top-k."""
+    from models import build_model
+
+    big, small = max(target_vocab, draft_vocab), min(target_vocab, draft_vocab)
+    src = build_model("llama", vocab_size=big)
+    with torch.no_grad():
+        src.lm_head.weight[512:] = 0
+    other = build_model("llama", vocab_size=small)
+    with torch.no_grad():
+        for (n, p), (_, q) in zip(other.named_parameters(), src.named_parameters()):
+            p.copy_(q[: p.shape[0]] if p.shape != q.shape else q)
+    return (src, other) if target_vocab == big else (other, src)
+
+
+@pytest.mark.xfail(strict=True, reason="core bug: ModelDrafter passes draft probabilities of the draft's vocabulary "
+                   "size to verification; when the draft's (padded) vocab differs from the target's, every sampling "
+                   "verify fails ('draft_probs: got shape ... expected ...') and speculation is silently off")
+@pytest.mark.parametrize("target_vocab,draft_vocab", [(576, 512), (512, 576)])
+def test_draft_model_with_differently_padded_vocab(tok, target_vocab, draft_vocab):
+    target, draft = _padded_pair(target_vocab, draft_vocab)
+    pipe = MTPPipeline(target, tok, strategy="draft_model", draft_model=draft, budget=STATIC)
+    greedy = pipe.generate(PROMPTS[:2], max_new_tokens=10, ignore_eos=True)
+    assert [o.token_ids for o in greedy] == [hf_greedy(target, p, 10) for p in PROMPTS[:2]]
+    assert not any(o.stats.failures for o in greedy)
+    out = pipe.generate(PROMPTS, max_new_tokens=10, temperature=1.0, top_k=20, seed=3, ignore_eos=True)
+    failures = [f for o in out for f in o.stats.failures]
+    assert not failures, failures[0]
+    assert sum(o.stats.accepted for o in out) > 0
