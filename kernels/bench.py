@@ -87,16 +87,32 @@ def _check_conf(a, b, args):
 
 
 def confidence_cases(dev, cpu):
-    grid = [(1, 32000, 16), (32, 32000, 16), (256, 32000, 16), (1, 151936, 16), (32, 151936, 16),
-            (256, 151936, 16), (256, 151936, 0), (2048, 32000, 8)]
+    grid = [
+        (1, 32000, 16),
+        (32, 32000, 16),
+        (256, 32000, 16),
+        (1, 151936, 16),
+        (32, 151936, 16),
+        (256, 151936, 16),
+        (256, 151936, 0),
+        (2048, 32000, 8),
+    ]
     if cpu:
         grid = [(4, 3001, 8)]
     for N, V, k in grid:
+
         def make(N=N, V=V, k=k):
             return (torch.randn((N, V), device=dev).mul_(4).to(torch.bfloat16),), dict(temperature=0.8, top_k=k)
-        yield Case("confidence_stats", f"N={N} V={V} k={k} bf16", make, lk.confidence_stats_triton,
-                   lk.confidence_stats_ref, _check_conf,
-                   bytes_fn=lambda a, o: a[0][0].numel() * a[0][0].element_size())
+
+        yield Case(
+            "confidence_stats",
+            f"N={N} V={V} k={k} bf16",
+            make,
+            lk.confidence_stats_triton,
+            lk.confidence_stats_ref,
+            _check_conf,
+            bytes_fn=lambda a, o: a[0][0].numel() * a[0][0].element_size(),
+        )
 
 
 def chain_cases(dev, cpu):
@@ -105,6 +121,7 @@ def chain_cases(dev, cpu):
         grid = [(3, 4, 1000)]
     for mode in ("greedy", "sample", "sample_q"):
         for B, K, V in grid:
+
             def make(B=B, K=K, V=V, mode=mode):
                 tp = _probs((B, K + 1, V), dev)
                 dp = _probs((B, K, V), dev) if mode == "sample_q" else None
@@ -126,8 +143,15 @@ def chain_cases(dev, cpu):
                 per_row = 2 + (a[0][3] is not None)  # p row, exponentials, q row
                 return drafts.shape[0] * per_row * V * 4
 
-            yield Case("chain_verify", f"{mode} B={B} K={K} V={V}", make, lk.chain_verify_triton, lk.chain_verify_ref,
-                       _eq_tuple, bytes_fn=nbytes)
+            yield Case(
+                "chain_verify",
+                f"{mode} B={B} K={K} V={V}",
+                make,
+                lk.chain_verify_triton,
+                lk.chain_verify_ref,
+                _eq_tuple,
+                bytes_fn=nbytes,
+            )
 
 
 def _tree_parents(B, N, dev, width):
@@ -138,12 +162,19 @@ def _tree_parents(B, N, dev, width):
 
 
 def tree_cases(dev, cpu):
-    grid = [(1, 16, 32000, 4), (32, 16, 32000, 4), (32, 64, 32000, 2), (256, 16, 32000, 4), (32, 16, 151936, 4),
-            (8, 64, 151936, 3)]
+    grid = [
+        (1, 16, 32000, 4),
+        (32, 16, 32000, 4),
+        (32, 64, 32000, 2),
+        (256, 16, 32000, 4),
+        (32, 16, 151936, 4),
+        (8, 64, 151936, 3),
+    ]
     if cpu:
         grid = [(3, 8, 1000, 2)]
     for mode in ("greedy", "sample_q"):
         for B, N, V, width in grid:
+
             def make(B=B, N=N, V=V, width=width, mode=mode):
                 parents = _tree_parents(B, N, dev, width)
                 tp = _probs((B, N, V), dev)
@@ -164,8 +195,15 @@ def tree_cases(dev, cpu):
                 tp = a[0][2]
                 return int((out.path_len + 1).sum()) * tp.shape[2] * tp.element_size()
 
-            yield Case("tree_verify", f"{mode} B={B} N={N} V={V} w={width}", make, lk.tree_verify_triton,
-                       lk.tree_verify_ref, _eq_tuple, bytes_fn=nbytes)
+            yield Case(
+                "tree_verify",
+                f"{mode} B={B} N={N} V={V} w={width}",
+                make,
+                lk.tree_verify_triton,
+                lk.tree_verify_ref,
+                _eq_tuple,
+                bytes_fn=nbytes,
+            )
 
 
 def compact_cases(dev, cpu):
@@ -173,6 +211,7 @@ def compact_cases(dev, cpu):
     if cpu:
         grid = [(2, 2, 64, 32, 8)]
     for B, H, T, D, M in grid:
+
         def make(B=B, H=H, T=T, D=D, M=M):
             cache = torch.randn((B, H, T, D), device=dev, dtype=torch.bfloat16)
             start = torch.randint(0, T - 2 * M, (B,), device=dev)
@@ -185,8 +224,16 @@ def compact_cases(dev, cpu):
             B, H, _, D = cache.shape
             return 2 * B * H * M * D * cache.element_size()  # read + write of the kept rows
 
-        yield Case("compact_kv", f"B={B} H={H} T={T} D={D} M={M} bf16", make, lk.compact_kv_triton,
-                   lk.compact_kv_ref, lambda a, b, args: (torch.equal(a, b), ""), bytes_fn=nbytes, inplace=True)
+        yield Case(
+            "compact_kv",
+            f"B={B} H={H} T={T} D={D} M={M} bf16",
+            make,
+            lk.compact_kv_triton,
+            lk.compact_kv_ref,
+            lambda a, b, args: (torch.equal(a, b), ""),
+            bytes_fn=nbytes,
+            inplace=True,
+        )
 
 
 def mask_cases(dev, cpu):
@@ -195,10 +242,18 @@ def mask_cases(dev, cpu):
         grid = [(2, 8, 30)]
     for dtype in (torch.bool, torch.bfloat16):
         for B, N, P in grid:
+
             def make(B=B, N=N, P=P, dtype=dtype):
                 return (_tree_parents(B, N, dev, 3), P, dtype), {}
-            yield Case("tree_attention_mask", f"B={B} N={N} prefix={P} {str(dtype)[6:]}", make,
-                       lk.tree_attention_mask_triton, lk.tree_attention_mask_ref, _eq_tuple)
+
+            yield Case(
+                "tree_attention_mask",
+                f"B={B} N={N} prefix={P} {str(dtype)[6:]}",
+                make,
+                lk.tree_attention_mask_triton,
+                lk.tree_attention_mask_ref,
+                _eq_tuple,
+            )
 
 
 def all_cases(dev, cpu):
@@ -230,8 +285,10 @@ def main() -> int:
     t0 = time.time()
     rows, failures = [], 0
     header = f"{'kernel':<20} {'size':<38} {'ok':<4} {'triton ms':>10} {'torch ms':>10} {'speedup':>8} {'GB/s':>8} {'floor ms':>9} {'x floor':>8}"
-    print(f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu (interpreter)'}; "
-          f"torch {torch.__version__}; peak {ARGS.peak_gbps:.0f} GB/s")
+    print(
+        f"device: {torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu (interpreter)'}; "
+        f"torch {torch.__version__}; peak {ARGS.peak_gbps:.0f} GB/s"
+    )
     print(header)
     print("-" * len(header))
     for case in all_cases(dev, ARGS.cpu):
@@ -252,35 +309,54 @@ def main() -> int:
         failures += not ok
         scratch = args[0].clone() if case.inplace else None
 
-        def run_t():
-            return case.triton_fn(scratch if case.inplace else args[0], *args[1:], **kwargs)
+        first = scratch if case.inplace else args[0]
 
-        def run_r():
-            return case.ref_fn(scratch if case.inplace else args[0], *args[1:], **kwargs)
+        def run_t(fn=case.triton_fn, first=first, rest=args[1:], kw=kwargs):
+            return fn(first, *rest, **kw)
+
+        def run_r(fn=case.ref_fn, first=first, rest=args[1:], kw=kwargs):
+            return fn(first, *rest, **kw)
 
         t_tri = _time(run_t, ARGS.cpu)
         t_ref = _time(run_r, ARGS.cpu)
         nbytes = case.bytes_fn((args, kwargs), out_ref) if case.bytes_fn else None
         gbps = nbytes / (t_tri * 1e-3) / 1e9 if nbytes else None
         floor_ms = nbytes / (ARGS.peak_gbps * 1e9) * 1e3 if nbytes else None
-        row = dict(kernel=case.kernel, size=case.size, correct=ok, detail=detail, triton_ms=t_tri, torch_ms=t_ref,
-                   speedup=t_ref / t_tri, bytes=nbytes, gbps=gbps, floor_ms=floor_ms,
-                   x_floor=(t_tri / floor_ms) if floor_ms else None)
+        row = dict(
+            kernel=case.kernel,
+            size=case.size,
+            correct=ok,
+            detail=detail,
+            triton_ms=t_tri,
+            torch_ms=t_ref,
+            speedup=t_ref / t_tri,
+            bytes=nbytes,
+            gbps=gbps,
+            floor_ms=floor_ms,
+            x_floor=(t_tri / floor_ms) if floor_ms else None,
+        )
         rows.append(row)
         fmt = lambda v, f: (f % v) if v is not None else "-"  # noqa: E731
-        print(f"{case.kernel:<20} {case.size:<38} {'yes' if ok else 'NO':<4} {t_tri:>10.4f} {t_ref:>10.4f} "
-              f"{row['speedup']:>7.2f}x {fmt(gbps, '%8.0f'):>8} {fmt(floor_ms, '%9.4f'):>9} "
-              f"{fmt(row['x_floor'], '%7.2f'):>7}{'x' if floor_ms else ' '}" + (f"  {detail}" if detail else ""),
-              flush=True)
-        del args, out_ref, out_tri, scratch
+        print(
+            f"{case.kernel:<20} {case.size:<38} {'yes' if ok else 'NO':<4} {t_tri:>10.4f} {t_ref:>10.4f} "
+            f"{row['speedup']:>7.2f}x {fmt(gbps, '%8.0f'):>8} {fmt(floor_ms, '%9.4f'):>9} "
+            f"{fmt(row['x_floor'], '%7.2f'):>7}{'x' if floor_ms else ' '}" + (f"  {detail}" if detail else ""),
+            flush=True,
+        )
+        del args, out_ref, out_tri, scratch, first, run_t, run_r
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     total = time.time() - t0
     print(f"\n{len(rows)} cases, {failures} correctness failures, {total:.1f} s")
     if ARGS.json:
-        meta = dict(device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
-                    torch=torch.__version__, triton=__import__("triton").__version__, peak_gbps=ARGS.peak_gbps,
-                    seconds=total, failures=failures)
+        meta = dict(
+            device=torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+            torch=torch.__version__,
+            triton=__import__("triton").__version__,
+            peak_gbps=ARGS.peak_gbps,
+            seconds=total,
+            failures=failures,
+        )
         with open(ARGS.json, "w") as f:
             json.dump(dict(meta=meta, results=rows), f, indent=1)
         print(f"wrote {ARGS.json}")

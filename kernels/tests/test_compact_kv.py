@@ -1,7 +1,6 @@
+import lightspec_kernels as lk
 import pytest
 import torch
-
-import lightspec_kernels as lk
 
 
 def _case(B, T, M, gen, overlapping):
@@ -24,7 +23,9 @@ def _case(B, T, M, gen, overlapping):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("B,H,T,D,M", [(1, 2, 40, 64, 7), (8, 4, 64, 80, 16), (64, 1, 48, 16, 3), (3, 2, 300, 128, 100)])
+@pytest.mark.parametrize(
+    "B,H,T,D,M", [(1, 2, 40, 64, 7), (8, 4, 64, 80, 16), (64, 1, 48, 16, 3), (3, 2, 300, 128, 100)]
+)
 @pytest.mark.parametrize("overlapping", [True, False])
 def test_matches_reference(gen, force_triton, dtype, B, H, T, D, M, overlapping):
     if T < 2 * M + 1:

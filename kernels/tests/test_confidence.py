@@ -1,8 +1,7 @@
+import lightspec_kernels as lk
 import pytest
 import torch
 from helpers import poison_empty
-
-import lightspec_kernels as lk
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

@@ -1,7 +1,6 @@
+import lightspec_kernels as lk
 import pytest
 import torch
-
-import lightspec_kernels as lk
 from lightspec_kernels import chain, confidence, kv_compact, tree, tree_mask
 
 
@@ -68,7 +67,10 @@ TP = torch.rand(B, K + 1, V)
         (lambda: lk.chain_verify(TOK, LENS, TP[:, :K]), r"target_probs: got shape \(2, 3, 11\).*\(2, 4, \*\)"),
         (lambda: lk.chain_verify(TOK, LENS, TP, torch.rand(B, K, V + 1)), r"draft_probs: .*\(2, 3, 11\)"),
         (lambda: lk.chain_verify(TOK, LENS, TP, None, torch.rand(B, K)), r"exponentials: got None"),
-        (lambda: lk.chain_verify(TOK, LENS, TP, None, torch.rand(B, K), torch.rand(B, 5)), r"exponentials: .*\(2, 11\)"),
+        (
+            lambda: lk.chain_verify(TOK, LENS, TP, None, torch.rand(B, K), torch.rand(B, 5)),
+            r"exponentials: .*\(2, 11\)",
+        ),
         (lambda: lk.tree_verify(TOK, torch.tensor([[-1, 0], [-1, 0]]), TP), r"parents: got shape \(2, 2\)"),
         (lambda: lk.tree_verify(TOK, torch.tensor([[-1, 0, 2], [-1, 0, 0]]), TP[:, :K]), r"parents\[0, 2\] = 2"),
         (lambda: lk.tree_verify(TOK, torch.tensor([[0, 0, 0], [-1, 0, 0]]), TP[:, :K]), r"root"),
@@ -76,7 +78,10 @@ TP = torch.rand(B, K + 1, V)
         (lambda: lk.compact_kv(torch.randn(2, 4, 8), torch.tensor([[1]]), 0), r"cache: .*4 dimensions"),
         (lambda: lk.compact_kv(torch.randn(2, 1, 8, 4), torch.tensor([[1]]), 0), r"keep_idx: got shape \(1, 1\)"),
         (lambda: lk.compact_kv(torch.randn(1, 1, 8, 4), torch.tensor([[1]]), 0, seq_dim=3), r"seq_dim"),
-        (lambda: lk.compact_kv(torch.randn(1, 1, 8, 4), torch.tensor([[1]]), torch.tensor([0], dtype=torch.int32)), r"dst_start: .*int32.*int64"),
+        (
+            lambda: lk.compact_kv(torch.randn(1, 1, 8, 4), torch.tensor([[1]]), torch.tensor([0], dtype=torch.int32)),
+            r"dst_start: .*int32.*int64",
+        ),
         (lambda: lk.compact_kv(torch.randn(1, 1, 8, 4), torch.tensor([[9]]), 0), r"< T=8"),
         (lambda: lk.tree_attention_mask(torch.tensor([[-1, 0]]), -1), r"prefix_len"),
         (lambda: lk.tree_attention_mask(torch.tensor([[-1, 0]]), 2, torch.int32), r"dtype: got torch.int32"),

@@ -8,11 +8,10 @@ to the references.  The many-row runs use the PyTorch reference (bit-identical t
 kernels, which a final check confirms on a slice with the interpreter).
 """
 
+import lightspec_kernels as lk
 import pytest
 import torch
 from helpers import exponentials
-
-import lightspec_kernels as lk
 
 V = 10
 SIZES = [10, 100, 1000, 10_000, 100_000]

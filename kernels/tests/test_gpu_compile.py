@@ -28,7 +28,10 @@ def test_all_kernels_compile_for_sm90():
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("_compile_check.py"))],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     print(proc.stdout[-5000:], proc.stderr[-3000:])
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-3000:]

@@ -1,8 +1,7 @@
+import lightspec_kernels as lk
 import pytest
 import torch
 from helpers import exponentials, poison_empty, random_parents, softmax_probs
-
-import lightspec_kernels as lk
 
 
 def _inputs(B, N, V, mode, dtype, gen):
@@ -13,7 +12,9 @@ def _inputs(B, N, V, mode, dtype, gen):
     src = (dp if dp is not None else tp).float().gather(1, at_parent)
     tokens = torch.multinomial(src.reshape(-1, V), 1, generator=gen).view(B, N)
     if mode == "greedy":
-        tokens = torch.where(torch.rand((B, N), generator=gen) < 0.6, tp.float().gather(1, at_parent).argmax(-1), tokens)
+        tokens = torch.where(
+            torch.rand((B, N), generator=gen) < 0.6, tp.float().gather(1, at_parent).argmax(-1), tokens
+        )
     noise = torch.randint(0, V, (B, N), generator=gen)
     tokens = torch.where(torch.rand((B, N), generator=gen) < 0.85, tokens, noise)
     if mode == "greedy":
@@ -66,7 +67,6 @@ def test_greedy_by_hand(force_triton):
 def test_sampling_siblings_by_hand(force_triton):
     # one-hot drafts: child 1 (token 0, p = 0) is rejected, child 2 (token 1) is accepted
     # iff u[2] < r(1)/Z = 0.5 / 1; node 2 is a leaf so the bonus is argmax(p_2 / e)
-    V = 3
     parents = torch.tensor([[-1, 0, 0]])
     tokens = torch.tensor([[0, 0, 1]])
     tp = torch.tensor([[[0.0, 0.5, 0.5], [1, 0, 0], [0.2, 0.3, 0.5]]])

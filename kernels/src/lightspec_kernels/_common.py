@@ -65,9 +65,7 @@ def check_tensor(
     bad = []
     if ndim is not None and t.dim() != ndim:
         bad.append(f"{ndim} dimensions")
-    if shape is not None and (
-        t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape))
-    ):
+    if shape is not None and (t.dim() != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape))):
         want = ", ".join("*" if s is None else str(s) for s in shape)
         bad.append(f"shape ({want})")
     if dtypes is not None and t.dtype not in dtypes:

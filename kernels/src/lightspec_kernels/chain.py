@@ -30,21 +30,47 @@ def _check(draft_tokens, draft_lens, target_probs, draft_probs, uniforms, expone
     B, K = draft_tokens.shape
     dev = draft_tokens.device
     check_tensor("draft_lens", draft_lens, shape=(B,), dtypes=(torch.int64,), device=dev, expect="(draft_lens [B])")
-    check_tensor("target_probs", target_probs, shape=(B, K + 1, None), dtypes=FLOAT_DTYPES, device=dev,
-                 expect="(target_probs [B, K+1, V])")
+    check_tensor(
+        "target_probs",
+        target_probs,
+        shape=(B, K + 1, None),
+        dtypes=FLOAT_DTYPES,
+        device=dev,
+        expect="(target_probs [B, K+1, V])",
+    )
     V = target_probs.shape[2]
     if V == 0:
         raise ValueError(f"target_probs: got shape {tuple(target_probs.shape)}; expected V > 0")
     if draft_probs is not None:
-        check_tensor("draft_probs", draft_probs, shape=(B, K, V), dtypes=FLOAT_DTYPES, device=dev,
-                     expect="(draft_probs [B, K, V] or None)")
+        check_tensor(
+            "draft_probs",
+            draft_probs,
+            shape=(B, K, V),
+            dtypes=FLOAT_DTYPES,
+            device=dev,
+            expect="(draft_probs [B, K, V] or None)",
+        )
     if uniforms is not None:
-        check_tensor("uniforms", uniforms, shape=(B, K), dtypes=FLOAT_DTYPES, device=dev,
-                     expect="(uniforms [B, K] in [0, 1), or None for greedy)")
+        check_tensor(
+            "uniforms",
+            uniforms,
+            shape=(B, K),
+            dtypes=FLOAT_DTYPES,
+            device=dev,
+            expect="(uniforms [B, K] in [0, 1), or None for greedy)",
+        )
         if exponentials is None:
-            raise ValueError("exponentials: got None; expected a [B, V] float tensor of Exp(1) samples when uniforms is given")
-        check_tensor("exponentials", exponentials, shape=(B, V), dtypes=FLOAT_DTYPES, device=dev,
-                     expect="(exponentials [B, V], Exp(1) samples)")
+            raise ValueError(
+                "exponentials: got None; expected a [B, V] float tensor of Exp(1) samples when uniforms is given"
+            )
+        check_tensor(
+            "exponentials",
+            exponentials,
+            shape=(B, V),
+            dtypes=FLOAT_DTYPES,
+            device=dev,
+            expect="(exponentials [B, V], Exp(1) samples)",
+        )
 
 
 if HAS_TRITON:
@@ -53,10 +79,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _chain_argmax_kernel(
-        tp_ptr, s_tb, s_tk,  # target_probs [B, K+1, V]
+        tp_ptr,
+        s_tb,
+        s_tk,  # target_probs [B, K+1, V]
         lens_ptr,  # [B] int64
-        pv_ptr, pi_ptr,  # [B, K+1, S] f32 / int32 partial (max, argmax) per vocabulary chunk
-        K, V, CHUNK,
+        pv_ptr,
+        pi_ptr,  # [B, K+1, S] f32 / int32 partial (max, argmax) per vocabulary chunk
+        K,
+        V,
+        CHUNK,
         BLOCK_V: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
@@ -81,11 +112,15 @@ if HAS_TRITON:
 
     @triton.jit
     def _chain_greedy_finish_kernel(
-        dt_ptr, s_db,  # draft_tokens [B, K] int64
+        dt_ptr,
+        s_db,  # draft_tokens [B, K] int64
         lens_ptr,  # [B]
-        pv_ptr, pi_ptr,  # [B, K+1, S] partials of _chain_argmax_kernel
-        acc_ptr, out_ptr,  # [B] int64, [B, K+1] int64
-        K, S,
+        pv_ptr,
+        pi_ptr,  # [B, K+1, S] partials of _chain_argmax_kernel
+        acc_ptr,
+        out_ptr,  # [B] int64, [B, K+1] int64
+        K,
+        S,
         KP1: tl.constexpr,
         SP: tl.constexpr,
     ):
@@ -107,8 +142,21 @@ if HAS_TRITON:
 
     @triton.jit
     def _chain_accept(
-        dt_ptr, s_db, lens_ptr, tp_ptr, s_tb, s_tk, dp_ptr, s_qb, s_qk, u_ptr, s_ub, b, K,
-        HAS_Q: tl.constexpr, KP1: tl.constexpr,
+        dt_ptr,
+        s_db,
+        lens_ptr,
+        tp_ptr,
+        s_tb,
+        s_tk,
+        dp_ptr,
+        s_qb,
+        s_qk,
+        u_ptr,
+        s_ub,
+        b,
+        K,
+        HAS_Q: tl.constexpr,
+        KP1: tl.constexpr,
     ):
         """Acceptance of row b: returns (drafts [KP1], n, accepted, drafted token at the rejected slot)."""
         j = tl.arange(0, KP1)
@@ -129,15 +177,26 @@ if HAS_TRITON:
 
     @triton.jit
     def _chain_sample_kernel(
-        dt_ptr, s_db,  # draft_tokens [B, K] int64
+        dt_ptr,
+        s_db,  # draft_tokens [B, K] int64
         lens_ptr,  # [B] int64
-        tp_ptr, s_tb, s_tk,  # target_probs [B, K+1, V]
-        dp_ptr, s_qb, s_qk,  # draft_probs [B, K, V] (ignored unless HAS_Q)
-        u_ptr, s_ub,  # uniforms [B, K]
-        e_ptr, s_eb,  # exponentials [B, V]
-        acc_ptr, out_ptr,  # [B] int64, [B, K+1] int64 (not SPLIT)
-        pv_ptr, pi_ptr,  # SPLIT: [B, S, 2] f32 (best p/e, best r/e), [B, S, 3] int32 (argmaxes, any_pos)
-        K, V, CHUNK,
+        tp_ptr,
+        s_tb,
+        s_tk,  # target_probs [B, K+1, V]
+        dp_ptr,
+        s_qb,
+        s_qk,  # draft_probs [B, K, V] (ignored unless HAS_Q)
+        u_ptr,
+        s_ub,  # uniforms [B, K]
+        e_ptr,
+        s_eb,  # exponentials [B, V]
+        acc_ptr,
+        out_ptr,  # [B] int64, [B, K+1] int64 (not SPLIT)
+        pv_ptr,
+        pi_ptr,  # SPLIT: [B, S, 2] f32 (best p/e, best r/e), [B, S, 3] int32 (argmaxes, any_pos)
+        K,
+        V,
+        CHUNK,
         HAS_Q: tl.constexpr,
         KP1: tl.constexpr,
         BLOCK_V: tl.constexpr,
@@ -198,9 +257,23 @@ if HAS_TRITON:
 
     @triton.jit
     def _chain_sample_finish_kernel(
-        dt_ptr, s_db, lens_ptr, tp_ptr, s_tb, s_tk, dp_ptr, s_qb, s_qk, u_ptr, s_ub,
-        acc_ptr, out_ptr, pv_ptr, pi_ptr,  # partials of _chain_sample_kernel(SPLIT=True)
-        K, S,
+        dt_ptr,
+        s_db,
+        lens_ptr,
+        tp_ptr,
+        s_tb,
+        s_tk,
+        dp_ptr,
+        s_qb,
+        s_qk,
+        u_ptr,
+        s_ub,
+        acc_ptr,
+        out_ptr,
+        pv_ptr,
+        pi_ptr,  # partials of _chain_sample_kernel(SPLIT=True)
+        K,
+        S,
         HAS_Q: tl.constexpr,
         KP1: tl.constexpr,
         SP: tl.constexpr,
@@ -224,8 +297,15 @@ if HAS_TRITON:
 
 
 def chain_verify_triton(
-    draft_tokens, draft_lens, target_probs, draft_probs=None, uniforms=None, exponentials=None,
-    *, num_splits: int | None = None, block_v: int | None = None,
+    draft_tokens,
+    draft_lens,
+    target_probs,
+    draft_probs=None,
+    uniforms=None,
+    exponentials=None,
+    *,
+    num_splits: int | None = None,
+    block_v: int | None = None,
 ):
     """Triton implementation of :func:`chain_verify` (no dispatch).
 
@@ -255,21 +335,47 @@ def chain_verify_triton(
         pv = torch.empty((B, K + 1, S), dtype=torch.float32, device=dev)
         pi = torch.empty((B, K + 1, S), dtype=torch.int32, device=dev)
         _chain_argmax_kernel[(B, K + 1, S)](
-            target_probs, target_probs.stride(0), target_probs.stride(1), draft_lens, pv, pi, K, V, chunk,
-            BLOCK_V=block, num_warps=warps,
+            target_probs,
+            target_probs.stride(0),
+            target_probs.stride(1),
+            draft_lens,
+            pv,
+            pi,
+            K,
+            V,
+            chunk,
+            BLOCK_V=block,
+            num_warps=warps,
         )
         _chain_greedy_finish_kernel[(B,)](
-            draft_tokens, draft_tokens.stride(0), draft_lens, pv, pi, accepted, emitted, K, S,
-            KP1=KP1, SP=max(next_pow2(S), 2), num_warps=1,
+            draft_tokens,
+            draft_tokens.stride(0),
+            draft_lens,
+            pv,
+            pi,
+            accepted,
+            emitted,
+            K,
+            S,
+            KP1=KP1,
+            SP=max(next_pow2(S), 2),
+            num_warps=1,
         )
         return accepted, emitted
     S, chunk = plan_splits(V, block, B, dev, num_splits)
     dp = draft_probs if draft_probs is not None else target_probs
     common = (
-        draft_tokens, draft_tokens.stride(0), draft_lens,
-        target_probs, target_probs.stride(0), target_probs.stride(1),
-        dp, dp.stride(0), dp.stride(1),
-        uniforms, uniforms.stride(0),
+        draft_tokens,
+        draft_tokens.stride(0),
+        draft_lens,
+        target_probs,
+        target_probs.stride(0),
+        target_probs.stride(1),
+        dp,
+        dp.stride(0),
+        dp.stride(1),
+        uniforms,
+        uniforms.stride(0),
     )
     if S > 1:
         pv = torch.empty((B, S, 2), dtype=torch.float32, device=dev)
@@ -277,13 +383,35 @@ def chain_verify_triton(
     else:
         pv, pi = accepted, accepted  # unused
     _chain_sample_kernel[(B, S)](
-        *common, exponentials, exponentials.stride(0), accepted, emitted, pv, pi, K, V, chunk,
-        HAS_Q=draft_probs is not None, KP1=KP1, BLOCK_V=block, SPLIT=S > 1, num_warps=warps,
+        *common,
+        exponentials,
+        exponentials.stride(0),
+        accepted,
+        emitted,
+        pv,
+        pi,
+        K,
+        V,
+        chunk,
+        HAS_Q=draft_probs is not None,
+        KP1=KP1,
+        BLOCK_V=block,
+        SPLIT=S > 1,
+        num_warps=warps,
     )
     if S > 1:
         _chain_sample_finish_kernel[(B,)](
-            *common, accepted, emitted, pv, pi, K, S,
-            HAS_Q=draft_probs is not None, KP1=KP1, SP=max(next_pow2(S), 2), num_warps=1,
+            *common,
+            accepted,
+            emitted,
+            pv,
+            pi,
+            K,
+            S,
+            HAS_Q=draft_probs is not None,
+            KP1=KP1,
+            SP=max(next_pow2(S), 2),
+            num_warps=1,
         )
     return accepted, emitted
 

@@ -164,12 +164,26 @@ if HAS_TRITON:
         else:
             vals = tl.where(kk < TOP_K, vals, NEG_INF)  # drop the +inf padding slots
             ids = tl.where(kk < TOP_K, ids, BIG)
-            _confidence_finish(row, m, s, t, vals[None, :], ids[None, :], inv_temp, maxp_ptr, ent_ptr, lse_ptr,
-                               ids_ptr, probs_ptr, TOP_K)
+            _confidence_finish(
+                row,
+                m,
+                s,
+                t,
+                vals[None, :],
+                ids[None, :],
+                inv_temp,
+                maxp_ptr,
+                ent_ptr,
+                lse_ptr,
+                ids_ptr,
+                probs_ptr,
+                TOP_K,
+            )
 
     @triton.jit
-    def _confidence_finish(row, m, s, t, vals, ids, inv_temp, maxp_ptr, ent_ptr, lse_ptr, ids_ptr, probs_ptr,
-                           TOP_K: tl.constexpr):
+    def _confidence_finish(
+        row, m, s, t, vals, ids, inv_temp, maxp_ptr, ent_ptr, lse_ptr, ids_ptr, probs_ptr, TOP_K: tl.constexpr
+    ):
         """Write the row's outputs from (m, s, t) and 2D candidate top-k tiles (vals, ids)."""
         NEG_INF: tl.constexpr = float("-inf")
         BIG: tl.constexpr = 2147483647
@@ -192,8 +206,14 @@ if HAS_TRITON:
     @triton.jit
     def _confidence_combine_kernel(
         inv_temp,
-        maxp_ptr, ent_ptr, lse_ptr, ids_ptr, probs_ptr,
-        part_ptr, pv_ptr, pi_ptr,  # partials of _confidence_kernel(SPLIT=True)
+        maxp_ptr,
+        ent_ptr,
+        lse_ptr,
+        ids_ptr,
+        probs_ptr,
+        part_ptr,
+        pv_ptr,
+        pi_ptr,  # partials of _confidence_kernel(SPLIT=True)
         S,
         SP: tl.constexpr,  # power of two >= S
         TOP_K: tl.constexpr,
@@ -260,14 +280,41 @@ def confidence_stats_triton(
     else:
         part = pv = pi = out.max_prob  # unused
     _confidence_kernel[(N, S)](
-        logits, logits.stride(0), V, inv_t,
-        out.max_prob, out.entropy, out.lse, out.topk_ids, out.topk_probs, part, pv, pi, chunk,
-        TOP_K=top_k, KP=KP, BLOCK_V=block, SPLIT=S > 1, num_warps=warps,
+        logits,
+        logits.stride(0),
+        V,
+        inv_t,
+        out.max_prob,
+        out.entropy,
+        out.lse,
+        out.topk_ids,
+        out.topk_probs,
+        part,
+        pv,
+        pi,
+        chunk,
+        TOP_K=top_k,
+        KP=KP,
+        BLOCK_V=block,
+        SPLIT=S > 1,
+        num_warps=warps,
     )
     if S > 1:
         _confidence_combine_kernel[(N,)](
-            inv_t, out.max_prob, out.entropy, out.lse, out.topk_ids, out.topk_probs,
-            part, pv, pi, S, SP=max(next_pow2(S), 2), TOP_K=top_k, KP=KP, num_warps=4 if logits.is_cuda else 1,
+            inv_t,
+            out.max_prob,
+            out.entropy,
+            out.lse,
+            out.topk_ids,
+            out.topk_probs,
+            part,
+            pv,
+            pi,
+            S,
+            SP=max(next_pow2(S), 2),
+            TOP_K=top_k,
+            KP=KP,
+            num_warps=4 if logits.is_cuda else 1,
         )
     return out
 

@@ -31,15 +31,27 @@ def _prepare(cache, keep_idx, dst_start, seq_dim):
     check_tensor("cache", cache, ndim=4, dtypes=KV_DTYPES, expect="(cache [B, H, T, D] or [B, T, H, D])")
     view = cache if seq_dim == 2 else cache.transpose(1, 2)  # [B, H, T, D] view
     B = view.shape[0]
-    check_tensor("keep_idx", keep_idx, shape=(B, None), dtypes=(torch.int64,), device=cache.device,
-                 expect="(keep_idx [B, M], -1 padded)")
+    check_tensor(
+        "keep_idx",
+        keep_idx,
+        shape=(B, None),
+        dtypes=(torch.int64,),
+        device=cache.device,
+        expect="(keep_idx [B, M], -1 padded)",
+    )
     if isinstance(dst_start, int) and not isinstance(dst_start, bool):
         if dst_start < 0:
             raise ValueError(f"dst_start: got {dst_start}; expected >= 0")
         dst = torch.full((B,), dst_start, dtype=torch.long, device=cache.device)
     else:
-        check_tensor("dst_start", dst_start, shape=(B,), dtypes=(torch.int64,), device=cache.device,
-                     expect="(dst_start [B] int64, or a python int)")
+        check_tensor(
+            "dst_start",
+            dst_start,
+            shape=(B,),
+            dtypes=(torch.int64,),
+            device=cache.device,
+            expect="(dst_start [B] int64, or a python int)",
+        )
         dst = dst_start
     return view, dst
 
@@ -74,10 +86,17 @@ if HAS_TRITON:
 
     @triton.jit
     def _compact_kv_kernel(
-        c_ptr, s_b, s_h, s_t, s_d,  # cache viewed as [B, H, T, D]
-        keep_ptr, s_kb,  # keep_idx [B, M]
+        c_ptr,
+        s_b,
+        s_h,
+        s_t,
+        s_d,  # cache viewed as [B, H, T, D]
+        keep_ptr,
+        s_kb,  # keep_idx [B, M]
         dst_ptr,  # [B] int64
-        H, M, D,
+        H,
+        M,
+        D,
         MP: tl.constexpr,
         BLOCK_D: tl.constexpr,
     ):
@@ -108,8 +127,17 @@ def compact_kv_triton(cache, keep_idx, dst_start, seq_dim: int = 2) -> torch.Ten
     MP = next_pow2(M)
     block_d = max(16, min(next_pow2(D), 8192 // MP))
     _compact_kv_kernel[(B * H, triton.cdiv(D, block_d))](
-        view, *view.stride(), keep_idx, keep_idx.stride(0), dst, H, M, D,
-        MP=MP, BLOCK_D=block_d, num_warps=4 if cache.is_cuda else 1,
+        view,
+        *view.stride(),
+        keep_idx,
+        keep_idx.stride(0),
+        dst,
+        H,
+        M,
+        D,
+        MP=MP,
+        BLOCK_D=block_d,
+        num_warps=4 if cache.is_cuda else 1,
     )
     return cache
 

@@ -55,21 +55,47 @@ def _check(tree_tokens, parents, target_probs, draft_probs, uniforms, exponentia
         raise ValueError(f"tree_tokens: got shape {tuple(tree_tokens.shape)}; expected N >= 1 (node 0 is the root)")
     dev = tree_tokens.device
     check_tensor("parents", parents, shape=(B, N), dtypes=(torch.int64,), device=dev, expect="(parents [B, N])")
-    check_tensor("target_probs", target_probs, shape=(B, N, None), dtypes=FLOAT_DTYPES, device=dev,
-                 expect="(target_probs [B, N, V])")
+    check_tensor(
+        "target_probs",
+        target_probs,
+        shape=(B, N, None),
+        dtypes=FLOAT_DTYPES,
+        device=dev,
+        expect="(target_probs [B, N, V])",
+    )
     V = target_probs.shape[2]
     if V == 0:
         raise ValueError(f"target_probs: got shape {tuple(target_probs.shape)}; expected V > 0")
     if draft_probs is not None:
-        check_tensor("draft_probs", draft_probs, shape=(B, N, V), dtypes=FLOAT_DTYPES, device=dev,
-                     expect="(draft_probs [B, N, V] or None)")
+        check_tensor(
+            "draft_probs",
+            draft_probs,
+            shape=(B, N, V),
+            dtypes=FLOAT_DTYPES,
+            device=dev,
+            expect="(draft_probs [B, N, V] or None)",
+        )
     if uniforms is not None:
-        check_tensor("uniforms", uniforms, shape=(B, N), dtypes=FLOAT_DTYPES, device=dev,
-                     expect="(uniforms [B, N] in [0, 1), or None for greedy)")
+        check_tensor(
+            "uniforms",
+            uniforms,
+            shape=(B, N),
+            dtypes=FLOAT_DTYPES,
+            device=dev,
+            expect="(uniforms [B, N] in [0, 1), or None for greedy)",
+        )
         if exponentials is None:
-            raise ValueError("exponentials: got None; expected a [B, V] float tensor of Exp(1) samples when uniforms is given")
-        check_tensor("exponentials", exponentials, shape=(B, V), dtypes=FLOAT_DTYPES, device=dev,
-                     expect="(exponentials [B, V], Exp(1) samples)")
+            raise ValueError(
+                "exponentials: got None; expected a [B, V] float tensor of Exp(1) samples when uniforms is given"
+            )
+        check_tensor(
+            "exponentials",
+            exponentials,
+            shape=(B, V),
+            dtypes=FLOAT_DTYPES,
+            device=dev,
+            expect="(exponentials [B, V], Exp(1) samples)",
+        )
 
 
 def check_tree(parents: torch.Tensor) -> None:
@@ -193,16 +219,29 @@ if HAS_TRITON:
 
     @triton.jit
     def _tree_verify_kernel(
-        tok_ptr, s_tok,  # tree_tokens [B, N]
-        par_ptr, s_par,  # parents [B, N]
-        tp_ptr, s_tb, s_tn,  # target_probs [B, N, V]
-        dp_ptr, s_qb, s_qn,  # draft_probs [B, N, V] (only if HAS_Q)
-        u_ptr, s_ub,  # uniforms [B, N]
-        e_ptr, s_eb,  # exponentials [B, V]
+        tok_ptr,
+        s_tok,  # tree_tokens [B, N]
+        par_ptr,
+        s_par,  # parents [B, N]
+        tp_ptr,
+        s_tb,
+        s_tn,  # target_probs [B, N, V]
+        dp_ptr,
+        s_qb,
+        s_qn,  # draft_probs [B, N, V] (only if HAS_Q)
+        u_ptr,
+        s_ub,  # uniforms [B, N]
+        e_ptr,
+        s_eb,  # exponentials [B, V]
         ws_ptr,  # [B, V] f32 residual workspace
-        path_ptr, plen_ptr, bonus_ptr,  # [B, N-1], [B], [B] int64
-        pv_ptr, pi_ptr,  # PRE_ARGMAX: [B, N, S] partial (max, argmax) of every node's target row
-        N, V, S,
+        path_ptr,
+        plen_ptr,
+        bonus_ptr,  # [B, N-1], [B], [B] int64
+        pv_ptr,
+        pi_ptr,  # PRE_ARGMAX: [B, N, S] partial (max, argmax) of every node's target row
+        N,
+        V,
+        S,
         SAMPLE: tl.constexpr,
         PRE_ARGMAX: tl.constexpr,  # greedy: argmaxes precomputed in parallel (small batches)
         SP: tl.constexpr,
@@ -306,8 +345,16 @@ if HAS_TRITON:
 
 
 def tree_verify_triton(
-    tree_tokens, parents, target_probs, draft_probs=None, uniforms=None, exponentials=None,
-    *, greedy_parallel: bool | None = None, num_splits: int | None = None, block_v: int | None = None,
+    tree_tokens,
+    parents,
+    target_probs,
+    draft_probs=None,
+    uniforms=None,
+    exponentials=None,
+    *,
+    greedy_parallel: bool | None = None,
+    num_splits: int | None = None,
+    block_v: int | None = None,
 ):
     """Triton implementation of :func:`tree_verify` (no dispatch, no value checks).
 
@@ -348,8 +395,17 @@ def tree_verify_triton(
         pi = torch.empty((B, N, S), dtype=torch.int32, device=dev)
         all_nodes = torch.full((B,), N - 1, dtype=torch.long, device=dev)
         _chain_argmax_kernel[(B, N, S)](
-            target_probs, target_probs.stride(0), target_probs.stride(1), all_nodes, pv, pi, N - 1, V, chunk,
-            BLOCK_V=ablock, num_warps=8 if cuda else 1,
+            target_probs,
+            target_probs.stride(0),
+            target_probs.stride(1),
+            all_nodes,
+            pv,
+            pi,
+            N - 1,
+            V,
+            chunk,
+            BLOCK_V=ablock,
+            num_warps=8 if cuda else 1,
         )
     else:
         S, pv, pi = 1, out.path_len, out.path_len  # unused
@@ -358,13 +414,35 @@ def tree_verify_triton(
     u = uniforms if sample else tree_tokens
     e = exponentials if sample else target_probs[:, 0]
     _tree_verify_kernel[(B,)](
-        tree_tokens, tree_tokens.stride(0), parents, parents.stride(0),
-        target_probs, target_probs.stride(0), target_probs.stride(1),
-        dp, dp.stride(0), dp.stride(1),
-        u, u.stride(0), e, e.stride(0), ws,
-        out.path, out.path_len, out.bonus, pv, pi, N, V, S,
-        SAMPLE=sample, PRE_ARGMAX=pre, SP=max(next_pow2(S), 2), HAS_Q=draft_probs is not None,
-        NP=max(next_pow2(N), 2), BLOCK_V=block,
+        tree_tokens,
+        tree_tokens.stride(0),
+        parents,
+        parents.stride(0),
+        target_probs,
+        target_probs.stride(0),
+        target_probs.stride(1),
+        dp,
+        dp.stride(0),
+        dp.stride(1),
+        u,
+        u.stride(0),
+        e,
+        e.stride(0),
+        ws,
+        out.path,
+        out.path_len,
+        out.bonus,
+        pv,
+        pi,
+        N,
+        V,
+        S,
+        SAMPLE=sample,
+        PRE_ARGMAX=pre,
+        SP=max(next_pow2(S), 2),
+        HAS_Q=draft_probs is not None,
+        NP=max(next_pow2(N), 2),
+        BLOCK_V=block,
         num_warps=16 if cuda else 1,
         enable_fp_fusion=False,  # r - Z*q must round like the reference (no FMA)
     )

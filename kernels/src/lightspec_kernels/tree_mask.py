@@ -25,7 +25,9 @@ def _check(parents, prefix_len, dtype) -> None:
     if not (isinstance(prefix_len, int) and not isinstance(prefix_len, bool) and prefix_len >= 0):
         raise ValueError(f"prefix_len: got {prefix_len!r}; expected an int >= 0")
     if dtype not in MASK_DTYPES:
-        raise ValueError(f"dtype: got {dtype}; expected one of torch.bool, torch.float32, torch.bfloat16, torch.float16")
+        raise ValueError(
+            f"dtype: got {dtype}; expected one of torch.bool, torch.float32, torch.bfloat16, torch.float16"
+        )
 
 
 def tree_attention_mask_ref(
@@ -60,10 +62,13 @@ if HAS_TRITON:
 
     @triton.jit
     def _tree_mask_kernel(
-        par_ptr, s_pb,  # parents [B, N]
+        par_ptr,
+        s_pb,  # parents [B, N]
         mask_ptr,  # [B, 1, N, W] contiguous, W = prefix_len + N
         pos_ptr,  # [B, N] int64
-        N, prefix_len, min_val,
+        N,
+        prefix_len,
+        min_val,
         IS_BOOL: tl.constexpr,
         NP: tl.constexpr,
         BLOCK_C: tl.constexpr,
@@ -108,8 +113,17 @@ def tree_attention_mask_triton(parents, prefix_len: int, dtype: torch.dtype = to
     block_c = max(16, min(next_pow2(W), 8192 // NP))
     min_val = 0.0 if dtype == torch.bool else float(torch.finfo(dtype).min)
     _tree_mask_kernel[(B, triton.cdiv(W, block_c))](
-        parents, parents.stride(0), mask, pos, N, prefix_len, min_val,
-        IS_BOOL=dtype == torch.bool, NP=NP, BLOCK_C=block_c, num_warps=4 if dev.type == "cuda" else 1,
+        parents,
+        parents.stride(0),
+        mask,
+        pos,
+        N,
+        prefix_len,
+        min_val,
+        IS_BOOL=dtype == torch.bool,
+        NP=NP,
+        BLOCK_C=block_c,
+        num_warps=4 if dev.type == "cuda" else 1,
     )
     return mask, pos
 
