@@ -97,3 +97,13 @@ def test_ignored_draft_slots_may_hold_any_value(gen, force_triton, mode):
         a1, e1 = impl(drafts, lens, tp, dp, u, e)
         a2, e2 = impl(junk, lens, tp, dp, u, e)
         assert torch.equal(a1, a2) and torch.equal(e1, e2)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sample_q"])
+def test_qwen_vocabulary(gen, monkeypatch, force_triton, mode):
+    """V = 151936 (Qwen2), bf16, auto block size (one dtype/mode pair each: interpreter time)."""
+    args = _inputs(2, 3, 151936, mode, torch.bfloat16, gen)
+    acc_ref, emit_ref = lk.chain_verify_ref(*args)
+    poison_empty(monkeypatch)
+    acc, emit = lk.chain_verify(*args)
+    assert torch.equal(acc, acc_ref) and torch.equal(emit, emit_ref)

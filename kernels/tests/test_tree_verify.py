@@ -87,3 +87,14 @@ def test_greedy_parallel_argmax_matches_reference(gen, monkeypatch, B, N, V, spl
     out = lk.tree_verify_triton(*args, greedy_parallel=True, num_splits=splits, block_v=block)
     for name, a, r in zip(out._fields, out, ref):
         assert torch.equal(a, r), name
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sample_q"])
+def test_qwen_vocabulary(gen, monkeypatch, force_triton, mode):
+    """V = 151936 (Qwen2), fp16."""
+    args = _inputs(2, 6, 151936, mode, torch.float16, gen)
+    ref = lk.tree_verify_ref(*args)
+    poison_empty(monkeypatch)
+    out = lk.tree_verify(*args)
+    for name, a, r in zip(out._fields, out, ref):
+        assert torch.equal(a, r), name
