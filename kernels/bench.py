@@ -234,6 +234,36 @@ def compact_cases(dev, cpu):
             bytes_fn=nbytes,
             inplace=True,
         )
+    # all layers' K and V in one launch (vs one reference call per cache)
+    lgrid = [(1, 8, 1024, 128, 16, 64), (32, 8, 1024, 128, 16, 64)] if not cpu else [(2, 2, 64, 32, 8, 4)]
+    for B, H, T, D, M, L in lgrid:
+
+        def make_layers(B=B, H=H, T=T, D=D, M=M, L=L):
+            caches = [torch.randn((B, H, T, D), device=dev, dtype=torch.bfloat16) for _ in range(L)]
+            start = torch.randint(0, T - 2 * M, (B,), device=dev)
+            offs = torch.sort(torch.rand((B, 2 * M), device=dev), dim=1).indices[:, :M]
+            keep = start[:, None] + 1 + torch.sort(offs, dim=1).values
+            return (caches, keep, start + 1), {}
+
+        def nbytes_layers(a, out, M=M):
+            caches = a[0][0]
+            B, H, _, D = caches[0].shape
+            return 2 * len(caches) * B * H * M * D * caches[0].element_size()
+
+        yield Case(
+            "compact_kv_layers",
+            f"L={L} B={B} H={H} T={T} D={D} M={M} bf16",
+            make_layers,
+            lk.compact_kv_layers_triton,
+            lk.compact_kv_layers_ref,
+            lambda a, b, args: (all(torch.equal(x, y) for x, y in zip(a, b)), ""),
+            bytes_fn=nbytes_layers,
+            inplace=True,
+        )
+
+
+def _clone(x):
+    return [t.clone() for t in x] if isinstance(x, (list, tuple)) else x.clone()
 
 
 def mask_cases(dev, cpu):
@@ -296,9 +326,9 @@ def main() -> int:
             continue
         args, kwargs = case.make()
         if case.inplace:
-            ref_in = args[0].clone()
+            ref_in = _clone(args[0])
             out_ref = case.ref_fn(ref_in, *args[1:], **kwargs)
-            tri_in = args[0].clone()
+            tri_in = _clone(args[0])
             out_tri = case.triton_fn(tri_in, *args[1:], **kwargs)
         else:
             out_ref = case.ref_fn(*args, **kwargs)
@@ -307,7 +337,7 @@ def main() -> int:
             torch.cuda.synchronize()
         ok, detail = case.check(out_tri, out_ref, args)
         failures += not ok
-        scratch = args[0].clone() if case.inplace else None
+        scratch = _clone(args[0]) if case.inplace else None
 
         first = scratch if case.inplace else args[0]
 

@@ -15,6 +15,7 @@ import lightspec_kernels.kv_compact as ck  # noqa: E402
 import lightspec_kernels.tree as tv  # noqa: E402
 import lightspec_kernels.tree_mask as tm  # noqa: E402
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -179,25 +180,28 @@ def _cases():
             dict(SAMPLE=sample, PRE_ARGMAX=pre, SP=64, HAS_Q=has_q, NP=64, BLOCK_V=8192),
             {"enable_fp_fusion": False, "num_warps": 16},
         )
-    yield (
-        "compact_kv",
-        ck._compact_kv_kernel,
-        dict(
-            c_ptr="*bf16",
-            s_b="i64",
-            s_h="i64",
-            s_t="i64",
-            s_d="i64",
-            keep_ptr="*i64",
-            s_kb="i64",
-            dst_ptr="*i64",
-            H="i32",
-            M="i32",
-            D="i32",
-        ),
-        dict(MP=64, BLOCK_D=128),
-        {},
-    )
+    for from_table in (False, True):
+        yield (
+            "compact_kv",
+            ck._compact_kv_kernel,
+            dict(
+                c_ptr="*i64" if from_table else "*bf16",
+                table_ptr="*i64",
+                s_b="i64",
+                s_h="i64",
+                s_t="i64",
+                s_d="i64",
+                keep_ptr="*i64",
+                s_kb="i64",
+                dst_ptr="*i64",
+                BH="i32",
+                H="i32",
+                M="i32",
+                D="i32",
+            ),
+            dict(MP=64, BLOCK_D=128, FROM_TABLE=from_table, ELEM=tl.bfloat16),
+            {"num_warps": 4},
+        )
     for mdt, is_bool in (("*i1", True), ("*bf16", False)):
         yield (
             "tree_mask",

@@ -23,9 +23,9 @@ def test_without_cuda_exits_cleanly():
 
 def test_cpu_mode_checks_and_writes_json(tmp_path):
     out = tmp_path / "bench.json"
-    proc = _run("--cpu", "--only", "compact_kv,tree_attention_mask,chain_verify", "--json", str(out))
+    proc = _run("--cpu", "--only", "compact_kv,compact_kv_layers,tree_attention_mask,chain_verify", "--json", str(out))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     data = json.loads(out.read_text())
     kernels = {r["kernel"] for r in data["results"]}
-    assert kernels == {"compact_kv", "tree_attention_mask", "chain_verify"}
+    assert kernels == {"compact_kv", "compact_kv_layers", "tree_attention_mask", "chain_verify"}
     assert all(r["correct"] for r in data["results"]) and data["meta"]["failures"] == 0

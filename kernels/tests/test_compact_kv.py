@@ -52,3 +52,35 @@ def test_semantics_by_hand_bthd_and_scalar_dst(monkeypatch, backend):
     assert torch.equal(cache[1, 4], orig[1, 4])  # slot with -1 is not written
     untouched = [t for t in range(T) if t not in (3, 4, 5)]
     assert torch.equal(cache[:, untouched], orig[:, untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("seq_dim", [2, 1])
+def test_layers_one_launch_matches_reference(gen, force_triton, dtype, seq_dim):
+    B, H, T, D, M, L = 3, 2, 40, 48, 8, 4
+    shape = (B, H, T, D) if seq_dim == 2 else (B, T, H, D)
+    caches = [torch.randn(shape, generator=gen).to(dtype) for _ in range(L)]
+    keep, dst = _case(B, T, M, gen, overlapping=True)
+    expect = [c.clone() for c in caches]
+    lk.compact_kv_layers_ref(expect, keep, dst, seq_dim)
+    out = lk.compact_kv_layers(caches, keep, dst, seq_dim)
+    assert all(o is c for o, c in zip(out, caches))
+    for c, e in zip(caches, expect):
+        assert torch.equal(c, e)
+    # and the same as one compact_kv per cache
+    single = [c.clone() for c in expect]
+    for c in single:
+        lk.compact_kv_ref(c, keep, dst, seq_dim)  # applying it again is the same operation on new data
+    again = [c.clone() for c in caches]
+    lk.compact_kv_layers(again, keep, dst, seq_dim)
+    assert all(torch.equal(a, s) for a, s in zip(again, single))
+
+
+def test_layers_reject_mixed_layouts(force_torch):
+    keep = torch.tensor([[1, 2]])
+    with pytest.raises(ValueError, match=r"caches\[1\]: .*same layout as caches\[0\]"):
+        lk.compact_kv_layers([torch.randn(1, 2, 8, 4), torch.randn(1, 2, 9, 4)], keep, 0)
+    with pytest.raises(ValueError, match=r"caches\[1\]: cache: .*dtype torch.int64"):
+        lk.compact_kv_layers([torch.randn(1, 2, 8, 4), torch.zeros(1, 2, 8, 4, dtype=torch.long)], keep, 0)
+    with pytest.raises(ValueError, match="non-empty list"):
+        lk.compact_kv_layers([], keep, 0)

@@ -10,7 +10,14 @@ from ._common import HAS_TRITON, backend_for
 from .chain import chain_verify, chain_verify_triton
 from .chain_verify_ref import chain_verify_ref
 from .confidence import ConfidenceStats, confidence_stats, confidence_stats_ref, confidence_stats_triton
-from .kv_compact import compact_kv, compact_kv_ref, compact_kv_triton
+from .kv_compact import (
+    compact_kv,
+    compact_kv_layers,
+    compact_kv_layers_ref,
+    compact_kv_layers_triton,
+    compact_kv_ref,
+    compact_kv_triton,
+)
 from .tree import TreeVerifyResult, check_tree, tree_verify, tree_verify_ref, tree_verify_triton
 from .tree_mask import tree_attention_mask, tree_attention_mask_ref, tree_attention_mask_triton
 
@@ -34,6 +41,9 @@ __all__ = [
     "compact_kv",
     "compact_kv_ref",
     "compact_kv_triton",
+    "compact_kv_layers",
+    "compact_kv_layers_ref",
+    "compact_kv_layers_triton",
     "tree_attention_mask",
     "tree_attention_mask_ref",
     "tree_attention_mask_triton",

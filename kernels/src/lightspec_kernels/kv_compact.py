@@ -84,61 +84,88 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
+    _TL_DTYPES = {
+        torch.float32: tl.float32,
+        torch.bfloat16: tl.bfloat16,
+        torch.float16: tl.float16,
+        torch.int8: tl.int8,
+        torch.uint8: tl.uint8,
+    }
+
     @triton.jit
     def _compact_kv_kernel(
-        c_ptr,
+        c_ptr,  # cache viewed as [B, H, T, D] (unused with FROM_TABLE)
+        table_ptr,  # FROM_TABLE: [L] int64 data pointers of L caches with identical layout
         s_b,
         s_h,
         s_t,
-        s_d,  # cache viewed as [B, H, T, D]
+        s_d,
         keep_ptr,
         s_kb,  # keep_idx [B, M]
         dst_ptr,  # [B] int64
+        BH,
         H,
         M,
         D,
         MP: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        FROM_TABLE: tl.constexpr,
+        ELEM: tl.constexpr,  # element type of the cached tensors (FROM_TABLE)
     ):
         pid = tl.program_id(0)
-        b = (pid // H).to(tl.int64)
-        h = (pid % H).to(tl.int64)
+        rem = pid % BH
+        b = (rem // H).to(tl.int64)
+        h = (rem % H).to(tl.int64)
+        if FROM_TABLE:
+            layer_ptr = tl.load(table_ptr + pid // BH).to(tl.pointer_type(ELEM))
+        else:
+            layer_ptr = c_ptr
         d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         j = tl.arange(0, MP)
         src = tl.load(keep_ptr + b * s_kb + j, mask=j < M, other=-1)
         ok = src >= 0
         dst = tl.load(dst_ptr + b) + j
-        base = c_ptr + b * s_b + h * s_h
+        base = layer_ptr + b * s_b + h * s_h
         m2 = ok[:, None] & (d[None, :] < D)
         vals = tl.load(base + tl.maximum(src, 0)[:, None] * s_t + d[None, :] * s_d, mask=m2, other=0)
         tl.debug_barrier()  # every gather of the block before any scatter (overlapping ranges)
         tl.store(base + dst[:, None] * s_t + d[None, :] * s_d, vals, mask=m2)
 
 
-def compact_kv_triton(cache, keep_idx, dst_start, seq_dim: int = 2) -> torch.Tensor:
-    """Triton implementation of :func:`compact_kv` (no dispatch, no index checks)."""
-    view, dst = _prepare(cache, keep_idx, dst_start, seq_dim)
-    B, H, T, D = view.shape
+def _launch(views, keep_idx, dst, table=None):
+    """One launch over every (cache, row, head, D slab); ``views`` share one layout."""
+    B, H, T, D = views[0].shape
     M = keep_idx.shape[1]
     if B == 0 or H == 0 or M == 0 or D == 0:
-        return cache
+        return
     keep_idx = keep_idx.contiguous()
     dst = dst.contiguous()
     MP = next_pow2(M)
     block_d = max(16, min(next_pow2(D), 8192 // MP))
-    _compact_kv_kernel[(B * H, triton.cdiv(D, block_d))](
-        view,
-        *view.stride(),
+    L = len(views)
+    _compact_kv_kernel[(L * B * H, triton.cdiv(D, block_d))](
+        views[0] if table is None else table,
+        table if table is not None else keep_idx,
+        *views[0].stride(),
         keep_idx,
         keep_idx.stride(0),
         dst,
+        B * H,
         H,
         M,
         D,
         MP=MP,
         BLOCK_D=block_d,
-        num_warps=4 if cache.is_cuda else 1,
+        FROM_TABLE=table is not None,
+        ELEM=_TL_DTYPES[views[0].dtype],
+        num_warps=4 if views[0].is_cuda else 1,
     )
+
+
+def compact_kv_triton(cache, keep_idx, dst_start, seq_dim: int = 2) -> torch.Tensor:
+    """Triton implementation of :func:`compact_kv` (no dispatch, no index checks)."""
+    view, dst = _prepare(cache, keep_idx, dst_start, seq_dim)
+    _launch([view], keep_idx, dst)
     return cache
 
 
@@ -158,3 +185,59 @@ def compact_kv(
     if backend_for(cache, keep_idx, extra) == "triton":
         return compact_kv_triton(cache, keep_idx, dst_start, seq_dim)
     return compact_kv_ref(cache, keep_idx, dst_start, seq_dim)
+
+
+def _prepare_layers(caches, keep_idx, dst_start, seq_dim):
+    if not isinstance(caches, (list, tuple)) or len(caches) == 0:
+        raise ValueError(f"caches: got {type(caches).__name__}; expected a non-empty list of [B, H, T, D] tensors")
+    views, dst = [], None
+    for i, c in enumerate(caches):
+        try:
+            v, dst = _prepare(c, keep_idx, dst_start, seq_dim)
+        except ValueError as exc:
+            raise ValueError(f"caches[{i}]: {exc}") from None
+        if views and (
+            v.shape != views[0].shape
+            or v.stride() != views[0].stride()
+            or v.dtype != views[0].dtype
+            or v.device != views[0].device
+        ):
+            raise ValueError(
+                f"caches[{i}]: got shape {tuple(c.shape)}, strides {c.stride()}, dtype {c.dtype}, device {c.device}; "
+                f"expected the same layout as caches[0] ({tuple(caches[0].shape)}, {caches[0].stride()}, "
+                f"{caches[0].dtype}, {caches[0].device})"
+            )
+        views.append(v)
+    return views, dst
+
+
+def compact_kv_layers_ref(caches, keep_idx, dst_start, seq_dim: int = 2) -> list[torch.Tensor]:
+    """PyTorch reference of :func:`compact_kv_layers`."""
+    _prepare_layers(caches, keep_idx, dst_start, seq_dim)
+    return [compact_kv_ref(c, keep_idx, dst_start, seq_dim) for c in caches]
+
+
+def compact_kv_layers_triton(caches, keep_idx, dst_start, seq_dim: int = 2) -> list[torch.Tensor]:
+    """Triton implementation of :func:`compact_kv_layers`: one launch for all caches."""
+    views, dst = _prepare_layers(caches, keep_idx, dst_start, seq_dim)
+    table = torch.tensor([v.data_ptr() for v in views], dtype=torch.int64, device=views[0].device)
+    _launch(views, keep_idx, dst, table)
+    return list(caches)
+
+
+def compact_kv_layers(
+    caches: list[torch.Tensor],  # L tensors [B, H, T, D] (or [B, T, H, D], seq_dim=1), same layout; in place
+    keep_idx: torch.Tensor,  # [B, M] int64 source positions, -1 = skip (shared by all caches)
+    dst_start: torch.Tensor | int,  # [B] int64 or int
+    seq_dim: int = 2,
+) -> list[torch.Tensor]:
+    """:func:`compact_kv` applied to many caches (e.g. K and V of every layer) in one launch.
+
+    The Triton kernel reads the caches' addresses from a device table, so the cost is
+    one launch instead of 2 x layers.  Dispatch as for :func:`compact_kv`.
+    """
+    _prepare_layers(caches, keep_idx, dst_start, seq_dim)
+    extra = dst_start if isinstance(dst_start, torch.Tensor) else None
+    if backend_for(*caches, keep_idx, extra) == "triton":
+        return compact_kv_layers_triton(caches, keep_idx, dst_start, seq_dim)
+    return compact_kv_layers_ref(caches, keep_idx, dst_start, seq_dim)
