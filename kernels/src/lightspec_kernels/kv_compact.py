@@ -211,6 +211,30 @@ def _prepare_layers(caches, keep_idx, dst_start, seq_dim):
     return views, dst
 
 
+_TABLES: dict[tuple, torch.Tensor] = {}
+
+
+def _pointer_table(views) -> torch.Tensor:
+    """Device int64 tensor of the caches' data pointers, cached by address.
+
+    Caches are long-lived, so the table is normally built once; building it goes through
+    pinned memory with a non-blocking copy so that no call synchronises the host.
+    """
+    dev = views[0].device
+    key = (str(dev), tuple(v.data_ptr() for v in views))
+    table = _TABLES.get(key)
+    if table is None:
+        host = torch.tensor(key[1], dtype=torch.int64)
+        if dev.type == "cuda":
+            table = host.pin_memory().to(dev, non_blocking=True)
+        else:
+            table = host.to(dev)
+        if len(_TABLES) >= 16:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = table
+    return table
+
+
 def compact_kv_layers_ref(caches, keep_idx, dst_start, seq_dim: int = 2) -> list[torch.Tensor]:
     """PyTorch reference of :func:`compact_kv_layers`."""
     _prepare_layers(caches, keep_idx, dst_start, seq_dim)
@@ -220,8 +244,7 @@ def compact_kv_layers_ref(caches, keep_idx, dst_start, seq_dim: int = 2) -> list
 def compact_kv_layers_triton(caches, keep_idx, dst_start, seq_dim: int = 2) -> list[torch.Tensor]:
     """Triton implementation of :func:`compact_kv_layers`: one launch for all caches."""
     views, dst = _prepare_layers(caches, keep_idx, dst_start, seq_dim)
-    table = torch.tensor([v.data_ptr() for v in views], dtype=torch.int64, device=views[0].device)
-    _launch(views, keep_idx, dst, table)
+    _launch(views, keep_idx, dst, _pointer_table(views))
     return list(caches)
 
 
