@@ -270,17 +270,8 @@ def test_seeded_runs_are_reproducible(strategy):
     assert s1.text == s2.text and s1.token_ids == s2.token_ids
 
 
-BATCH_DEPENDENT_RNG = pytest.mark.xfail(
-    strict=True,
-    reason="core bug: how many numbers a row's generators give depends on the other rows: verify.random_inputs "
-    "draws torch.rand(K) with K = the batch's longest draft, a step where no row drafts uses sample_next (no "
-    "uniforms) while a row alone may draft, and ModelDrafter draws noise for every row at every draft position up "
-    "to the batch's longest draft; so a seeded request's output depends on what shares its batch",
-)
-
-
 @pytest.mark.parametrize(
-    "strategy", ["none", pytest.param("draft_model", marks=BATCH_DEPENDENT_RNG), pytest.param("ngram", marks=BATCH_DEPENDENT_RNG)]
+    "strategy", ["none", "draft_model", "ngram"]
 )
 def test_seeded_request_independent_of_batch(strategy):
     """verify.py promises: "a seeded request is reproducible whatever else shares its batch"."""

@@ -191,9 +191,6 @@ def test_jsonl_has_request_summaries(tmp_path, tok):
             assert key in e
 
 
-@pytest.mark.xfail(strict=True, reason="core bug: pipeline._run sends the RequestSummary to the sinks when the engine "
-                   "yields the finishing step's outputs, but the engine sends that step's StepStats only after the "
-                   "yield, so the summary the sinks get (e.g. the JSONL line) misses the last step")
 def test_jsonl_request_summary_is_final(tmp_path, tok):
     """The request line written to the JSONL equals the summary generate() returns and
     comes after the request's last step line."""

@@ -1,7 +1,7 @@
 import lightspec_kernels as lk
 import pytest
 import torch
-from helpers import exponentials, poison_empty, softmax_probs
+from kernel_helpers import exponentials, poison_empty, softmax_probs
 
 
 def _inputs(B, K, V, mode, dtype, gen):

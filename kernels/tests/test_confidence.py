@@ -1,7 +1,7 @@
 import lightspec_kernels as lk
 import pytest
 import torch
-from helpers import poison_empty
+from kernel_helpers import poison_empty
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

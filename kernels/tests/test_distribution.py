@@ -11,7 +11,7 @@ kernels, which a final check confirms on a slice with the interpreter).
 import lightspec_kernels as lk
 import pytest
 import torch
-from helpers import exponentials
+from kernel_helpers import exponentials
 
 V = 10
 SIZES = [10, 100, 1000, 10_000, 100_000]

@@ -1,7 +1,7 @@
 import lightspec_kernels as lk
 import pytest
 import torch
-from helpers import poison_empty, random_parents
+from kernel_helpers import poison_empty, random_parents
 
 
 @pytest.mark.parametrize("dtype", [torch.bool, torch.float32, torch.bfloat16, torch.float16])

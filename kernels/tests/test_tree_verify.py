@@ -1,7 +1,7 @@
 import lightspec_kernels as lk
 import pytest
 import torch
-from helpers import exponentials, poison_empty, random_parents, softmax_probs
+from kernel_helpers import exponentials, poison_empty, random_parents, softmax_probs
 
 
 def _inputs(B, N, V, mode, dtype, gen):

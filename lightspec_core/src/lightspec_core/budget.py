@@ -69,7 +69,7 @@ class DynamicBudget:
         self.max_draft = max_draft
         self.window = window
         self.base_confidence = min_confidence
-        self.beta = beta  # verify cost slope per extra token, learned online
+        self.beta = self.prior_beta = beta  # verify cost slope per extra token, learned online
         self.prior_draft_cost = draft_cost
         self.decay = decay
         self.t1: float | None = None  # EMA of a plain (q = 1) target forward, seconds
@@ -89,6 +89,9 @@ class DynamicBudget:
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
         taus = [self.threshold.get(r, self.base_confidence) for r in ctx.row_ids]
+        if ctx.deterministic:  # seeded sampling: decide from acceptance only, with the prior costs
+            ks = [self.best_k(h.acceptance(), self.prior_draft_cost, self.prior_beta) for h in ctx.history]
+            return Budget(torch.tensor(ks, dtype=torch.long, device=ctx.device), torch.tensor(taus, device=ctx.device))
         if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
             return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), torch.tensor(taus, device=ctx.device))
         cheapest = min(self.draft_cost.values(), default=self.prior_draft_cost)
@@ -107,10 +110,11 @@ class DynamicBudget:
             by_source=by_source,
         )
 
-    def best_k(self, a: float, draft_cost: float | None = None) -> int:
+    def best_k(self, a: float, draft_cost: float | None = None, beta: float | None = None) -> int:
         """argmax_k E[tokens | k] / cost(k) for acceptance probability ``a``: a verify of k
         drafts yields 1 + a + ... + a^k tokens and costs 1 + (beta + draft_cost) * k steps."""
         d = self.prior_draft_cost if draft_cost is None else draft_cost
+        slope = (self.beta if beta is None else beta) + d
         a = min(max(a, 0.0), 0.995)
         best_k, best = 0, 1.0  # k = 0: one token per plain step of cost 1
         gain = 1.0
@@ -118,7 +122,7 @@ class DynamicBudget:
         for k in range(1, self.max_draft + 1):
             term *= a
             gain += term
-            cost = 1.0 + (self.beta + d) * k
+            cost = 1.0 + slope * k
             if gain / cost > best * 1.02:  # a 2% margin: don't draft for noise-level gains
                 best_k, best = k, gain / cost
         return best_k

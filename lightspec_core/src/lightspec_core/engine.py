@@ -69,6 +69,13 @@ class StepOutput:
     finish_reason: str | None
 
 
+def position_seed(base: int, position: int, stream: int) -> int:
+    """A 63-bit seed for (request seed, sequence position, stream): 0 verify, 1 draft."""
+    x = (base * 6364136223846793005 + position * 1442695040888963407 + stream * 0x9E3779B97F4A7C15) % (1 << 64)
+    x ^= x >> 31
+    return x % (1 << 63)
+
+
 class Engine:
     def __init__(self, target, tokenizer, bound: BoundStrategy, device: torch.device):
         self.target = target
@@ -98,8 +105,13 @@ class Engine:
             if hasattr(comp, "reset"):
                 comp.reset()
         rows = [RowState(i, list(p), len(p), m, stop) for i, (p, m) in enumerate(zip(prompts, max_new_tokens))]
-        verify_gens = [make_generator(s, dev) for s in seeds]
-        draft_gens = [make_generator(None if s is None else s + 7919, dev) for s in seeds]
+        # Randomness is keyed by (request seed, sequence position): before each step every
+        # row's generators are re-seeded from its seed and its current length, so a seeded
+        # request's output does not depend on what else shares its batch.
+        base = [s if s is not None else int(torch.randint(0, 2**62, (1,))) for s in seeds]
+        verify_gens = [make_generator(0, dev) for _ in seeds]
+        draft_gens = [make_generator(0, dev) for _ in seeds]
+        deterministic = all(s is not None for s in seeds) and not sampling.greedy
         history = [RowHistory() for _ in range(B)]
         lens = [len(p) for p in prompts]
         longest = max(lens)
@@ -117,6 +129,9 @@ class Engine:
         out = kv.forward(ids.to(dev), valid)
         last = torch.tensor(lens, device=dev) - 1
         logits = out.logits[torch.arange(B, device=dev), last]
+        if not sampling.greedy:
+            for b, r in enumerate(rows):
+                verify_gens[b].manual_seed(position_seed(base[b], len(r.tokens), 0))
         first = sample_next(logits, sampling, verify_gens).tolist()
         hidden = dict(self.capture.states) if self.capture else {}
         hidden_valid = torch.tensor(lens, device=dev)
@@ -144,6 +159,11 @@ class Engine:
                 ev0.record()
             act_rows = [rows[b] for b in active]
             nb = len(active)
+            if not sampling.greedy:
+                for b in active:
+                    n = len(rows[b].tokens)
+                    verify_gens[b].manual_seed(position_seed(base[b], n, 0))
+                    draft_gens[b].manual_seed(position_seed(base[b], n, 1))
             ctx = StepContext(
                 step=step,
                 sequences=[r.tokens for r in act_rows],
@@ -160,6 +180,7 @@ class Engine:
                 vocab_size=self.vocab_size,
                 hidden_states=hidden,
                 hidden_positions=hidden_valid,
+                deterministic=deterministic,
             )
             # 1. budget (never draft past a row's max_new_tokens)
             failure = None
@@ -179,7 +200,7 @@ class Engine:
                     if max(limits) > 0:
                         proposal = self.bound.propose(ctx=ctx)
                         if proposal is not None:
-                            self._check_proposal(proposal, nb, limits)
+                            proposal = self._check_proposal(proposal, nb, limits)
                 except Exception as exc:  # the step falls back to plain decoding
                     failure = f"propose failed: {type(exc).__name__}: {exc}"
                     log.warning("strategy %r %s; falling back to plain decoding for this step", self.bound.name, failure)
@@ -243,7 +264,6 @@ class Engine:
             if self.capture:
                 hidden = dict(self.capture.states)
                 hidden_valid = result.accepted + 1
-            yield outputs
             t_f = time.perf_counter()
             # statistics
             step_s = t_f - t_step
@@ -287,6 +307,7 @@ class Engine:
             )
             for sink in self.bound.sinks:
                 sink(event=event)
+            yield outputs
             # drop finished rows from the batch
             still = [b for b in active if rows[b].finish_reason is None]
             if still and len(still) < len(active):
@@ -298,18 +319,25 @@ class Engine:
                     hidden_valid = hidden_valid.index_select(0, keep)
             active = still
 
-    def _check_proposal(self, p: DraftProposal, batch: int, limits: list[int]) -> None:
+    def _check_proposal(self, p: DraftProposal, batch: int, limits: list[int]) -> DraftProposal:
+        """Validate a proposal; return it with its padding (beyond each row's length) zeroed."""
         if p.tokens.shape[0] != batch:
             raise ValueError(f"proposal has {p.tokens.shape[0]} rows, the batch has {batch}")
         if p.max_len == 0:
-            return
+            return p
         lens = p.lengths.tolist()
         for b, (n, m) in enumerate(zip(lens, limits)):
             if n < 0 or n > m or n > p.max_len:
                 raise ValueError(f"proposal row {b} has length {n}, allowed 0..{min(m, p.max_len)}")
-        lo, hi = int(p.tokens.min()), int(p.tokens.max())
-        if lo < 0 or hi >= self.vocab_size:
+        real = torch.arange(p.max_len, device=p.tokens.device)[None, :] < p.lengths[:, None]
+        tokens = torch.where(real, p.tokens, 0)
+        bad = real & ((p.tokens < 0) | (p.tokens >= self.vocab_size))
+        if bool(bad.any()):
             raise ValueError(f"proposal has token ids outside [0, {self.vocab_size})")
+        if p.probs is not None and p.probs.shape[-1] != self.vocab_size:
+            raise ValueError(f"proposal probs have vocabulary {p.probs.shape[-1]}, the target has {self.vocab_size}")
+        p.tokens = tokens
+        return p
 
     def _emit(self, row: RowState, new: list[int], eos_ids: set[int]) -> StepOutput:
         """Append ``new`` tokens to ``row`` up to the first stop; return what was kept."""

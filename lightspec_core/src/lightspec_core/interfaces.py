@@ -121,6 +121,8 @@ class StepContext:
     prefix / prefix_lengths: [B, P] / [B] tokens another drafter already proposed this step
                  (cascades): a drafter continues after them
     budget_by_source: per-component limits from the budget policy (see ``Budget.by_source``)
+    deterministic: every request is seeded: budget policies must decide from acceptance
+                 alone (not timing), so a seeded request reproduces exactly
     timer:       ``timer.model_s`` collects the time drafters spend in model forwards
     """
 
@@ -142,6 +144,7 @@ class StepContext:
     prefix: torch.Tensor | None = None
     prefix_lengths: torch.Tensor | None = None
     budget_by_source: dict[str, list[int]] = field(default_factory=dict)
+    deterministic: bool = False  # seeded sampling: policies must not depend on timing
     timer: StepTimer = field(default_factory=StepTimer)  # drafters add their model forward time to timer.model_s
     extras: dict[str, Any] = field(default_factory=dict)
 

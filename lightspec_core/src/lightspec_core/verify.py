@@ -40,9 +40,12 @@ def verify_chain(ctx: StepContext, proposal: DraftProposal, logits: torch.Tensor
 
 
 def random_inputs(generators: list[torch.Generator], k: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row random numbers for one verification: uniforms [B, k] and Exp(1) noise [B, V]."""
-    uniforms = torch.stack([torch.rand(k, generator=g, device=device) for g in generators])
+    """Per-row random numbers for one verification: uniforms [B, k] and Exp(1) noise [B, V].
+
+    The noise is drawn first, then the uniforms, so a row that drafts nothing gets exactly
+    the noise ``sample_next`` would use: its token does not depend on other rows' drafts."""
     exps = torch.stack([torch.empty(vocab, device=device).exponential_(generator=g) for g in generators])
+    uniforms = torch.stack([torch.rand(k, generator=g, device=device) for g in generators])
     return uniforms, exps
 
 

@@ -69,7 +69,7 @@ class ModelDrafter:
         if max(limits) == 0:
             return None
         t0 = time.perf_counter()
-        logits = self._sync(ctx)  # [B, V] next-token logits of the draft after the context
+        logits = self._fit(self._sync(ctx))  # [B, V] next-token logits of the draft after the context
         B = ctx.batch
         dev = ctx.device
         sampling = ctx.sampling
@@ -102,7 +102,7 @@ class ModelDrafter:
             if not bool(active.any()):
                 break
             out = self.kv.forward(tok[:, None], active[:, None])
-            logits = out.logits[:, -1]
+            logits = self._fit(out.logits[:, -1])
             for b in range(B):
                 if active[b]:
                     self.fed[b].append(int(tok[b]))
@@ -116,6 +116,17 @@ class ModelDrafter:
             entropy=ent[:, :k],
             source=self.name,
         )
+
+    def _fit(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[B, V_draft]`` → ``[B, V_target]``: vocabularies padded to other
+        sizes (e.g. 151936 vs 152064) are cut, or padded with -inf."""
+        v = logits.shape[-1]
+        if v == self.vocab:
+            return logits
+        if v > self.vocab:
+            return logits[:, : self.vocab]
+        pad = logits.new_full((logits.shape[0], self.vocab - v), float("-inf"))
+        return torch.cat([logits, pad], dim=-1)
 
     def _sync(self, ctx: StepContext) -> torch.Tensor:
         """Bring the draft cache to each row's context; return the logits after it [B, V]."""
