@@ -58,6 +58,7 @@ def main():
     ap.add_argument("--new", type=int, default=24)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--archs", default=",".join(ARCHS))
     args = ap.parse_args()
     from lightspec_core.pipeline import MTPPipeline
 
@@ -67,7 +68,7 @@ def main():
     prompts = [p + p[: len(p) // 2] + p for p in base]  # repetitive, so n-gram lookup drafts too
     rows = []
     for dtype in [getattr(torch, d) for d in args.dtypes.split(",")]:
-        for arch in ARCHS:
+        for arch in args.archs.split(","):
             target = build(arch, 0, dev, dtype)
             draft = build(arch, 1, dev, dtype, layers=1)
             with torch.inference_mode():

@@ -144,7 +144,8 @@ def run_lightspec(pipe, prompts_ids, max_new, batch_size, temperature, label, pr
         name = "bench"
 
         def lightspec_on_stats(self, event):
-            steps_log.append(event)
+            if event.kind == "step":
+                steps_log.append(event)
 
     collector = _Collect()
     pipe.bound.sinks.append(collector.lightspec_on_stats)
