@@ -24,7 +24,7 @@ echo "[$(el)s] lossless checks"
 timeout 220 python3 scripts/gpu_checks.py --json $R/gpu_checks.json > $R/gpu_checks.log 2>&1; echo "checks rc=$?" >> $R/status.txt
 echo "[$(el)s] lightspec bench"
 for dt in float32 bfloat16; do
-  timeout 90 python3 -m lightspec_core.cli bench --device cuda --dtype $dt --prompts zoo/prompts/edit.jsonl --limit 4 \
+  timeout 90 python3 -m lightspec_core.cli bench --device cuda --dtype $dt --prompts zoo/src/lightspec_zoo/prompts/edit.jsonl --limit 4 \
     --max-new-tokens 64 --json $R/bench_$dt.json > $R/bench_$dt.log 2>&1; echo "bench $dt rc=$?" >> $R/status.txt
 done
 echo "[$(el)s] waiting for training"

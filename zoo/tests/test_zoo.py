@@ -11,7 +11,7 @@ import pytest
 import lightspec_zoo
 
 ZOO = Path(__file__).resolve().parents[1]
-PROMPTS = ZOO / "prompts"
+PROMPTS = ZOO / "src" / "lightspec_zoo" / "prompts"
 WORKLOADS = ("code", "docstring", "edit", "prose")
 
 

@@ -65,8 +65,8 @@ class MethodResult:
 
 
 class PeakRSS:
-    """Peak resident memory above the level at start, sampled every millisecond
-    (CPU); on CUDA, peak allocated memory above the start."""
+    """Peak resident memory above the level at start, sampled periodically
+    (CPU, every 20 ms); on CUDA, peak allocated memory above the start."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -84,7 +84,7 @@ class PeakRSS:
         return self
 
     def _poll(self):
-        while not self.stop.wait(0.001):
+        while not self.stop.wait(0.02):  # 20 ms: sampling more often steals the GIL from the run
             self.peak = max(self.peak, _rss())
 
     def __exit__(self, *exc):
@@ -213,69 +213,68 @@ def load_prompt_sets(prompts_file, suite, limit) -> dict[str, list[str]]:
     return {os.path.basename(prompts_file): ps[:limit] if limit else ps}
 
 
+SUITE_CONFIGS = [(1, 0.0), (8, 0.0), (1, 0.8), (8, 0.8)]  # (batch size, temperature)
+
+
 def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=None, limit=None, max_new_tokens=64,
          batch_size=1, temperature=0.0, hf_lookup_tokens=10, with_hf=True, device=None, dtype=None, json_out=None,
          md_out=None):
-    from tqdm import tqdm
+    import sys
+
     from transformers import AutoTokenizer
 
     from .pipeline import MTPPipeline, default_draft_path, default_model_path, load_model, resolve_device, resolve_dtype
 
     if batch_size < 1:
         raise LightSpecError(f"--batch-size {batch_size} is invalid: use an integer >= 1")
+    if max_new_tokens < 1:
+        raise LightSpecError(f"--max-new-tokens {max_new_tokens} is invalid: use an integer >= 1")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if model is None:
         model = default_model_path()
         draft_model = draft_model or default_draft_path()
+    if suite and limit is None:
+        limit = 6
     sets = load_prompt_sets(prompts_file, suite, limit)
     tok = AutoTokenizer.from_pretrained(str(model))
     click.echo(f"loading {model}…", err=True)
     target = load_model(model, dev, dt)
     draft = load_model(draft_model, dev, dt) if draft_model else None
     names = list(strategies) or default_strategies(draft_model)
-    import sys
-
-    report = {"command": "lightspec bench", "command_line": "lightspec " + " ".join(sys.argv[1:]), "model": str(model), "draft_model": str(draft_model) if draft_model else None,
-              "device": str(dev), "dtype": str(dt).replace("torch.", ""), "batch_size": batch_size,
-              "temperature": temperature, "max_new_tokens": max_new_tokens, "machine": machine_info(dev),
-              "workloads": {}}
     pipes = {}
     for name in names:
         try:
             pipes[name] = MTPPipeline(target, tok, strategy=name, draft_model=draft)
         except LightSpecError as exc:
             click.echo(f"skipping {name}: {exc}", err=True)
-    for wname, prompts in sets.items():
-        ids = [tok(p)["input_ids"] for p in prompts]
-        n_methods = len(pipes) + (2 + bool(draft) + ("layerskip" in pipes) if with_hf else 0)
-        results: list[MethodResult] = []
-        with tqdm(total=n_methods * len(ids), desc=f"bench {wname}", unit="prompt", leave=False) as bar:
-            if with_hf:
-                results.append(run_hf(target, ids, max_new_tokens, dev, "hf_vanilla", {}, temperature, bar))
-                results.append(run_hf(target, ids, max_new_tokens, dev, f"hf_prompt_lookup({hf_lookup_tokens})",
-                                      {"prompt_lookup_num_tokens": hf_lookup_tokens}, temperature, bar))
-                if draft is not None:
-                    results.append(run_hf(target, ids, max_new_tokens, dev, "hf_assisted",
-                                          {"assistant_model": draft}, temperature, bar))
-                if "layerskip" in pipes:
-                    L = getattr(pipes["layerskip"].strategy, "layers", None)
-                    L = L if isinstance(L, int) else max(1, target.config.num_hidden_layers // 2)
-                    results.append(run_hf(target, ids, max_new_tokens, dev, f"hf_early_exit({L})",
-                                          {"assistant_early_exit": L}, temperature, bar))
-            for name, pipe in pipes.items():
-                results.append(run_lightspec(pipe, ids, max_new_tokens, batch_size, temperature, name, bar))
-        vanilla = next((r for r in results if r.name == "hf_vanilla" and not r.error), None)
-        if vanilla is None:
-            vanilla = next((r for r in results if r.name == "none"), None)
-        if temperature == 0 and vanilla is not None:
-            for r in results:
-                if not r.error and r is not vanilla:
-                    r.identical = sum(a == b for a, b in zip(r.outputs, vanilla.outputs))
-        vt = vanilla.tokens_per_s if vanilla else None
-        report["workloads"][wname] = {"prompts": len(ids), "baseline": vanilla.name if vanilla else None,
-                                      "results": [r.to_dict(vt) for r in results]}
-        click.echo(format_table(wname, report["workloads"][wname], len(ids)))
+    configs = SUITE_CONFIGS if suite else [(batch_size, temperature)]
+    report = {"command": "lightspec bench", "command_line": "lightspec " + " ".join(sys.argv[1:]), "model": str(model),
+              "draft_model": str(draft_model) if draft_model else None, "device": str(dev),
+              "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "machine": machine_info(dev),
+              "runs": []}
+    greedy_ref: dict[str, list[list[int]]] = {}  # HF vanilla greedy outputs at batch 1, per workload
+    for bs, temp in configs:
+        run = {"batch_size": bs, "temperature": temp, "workloads": {}}
+        for wname, prompts in sets.items():
+            ids = [tok(p)["input_ids"] for p in prompts]
+            results = run_workload(target, draft, pipes, ids, max_new_tokens, bs, temp, hf_lookup_tokens,
+                                   with_hf, dev, f"{wname} b{bs} t{temp}")
+            vanilla = next((r for r in results if r.name == "hf_vanilla" and not r.error), None)
+            if temp == 0 and bs == 1 and vanilla is not None:
+                greedy_ref[wname] = vanilla.outputs
+            if vanilla is None:  # batched runs compare with LightSpec's own plain decoding
+                vanilla = next((r for r in results if r.name == "none" and not r.error), None)
+            ref = greedy_ref.get(wname)
+            if temp == 0 and ref is not None:
+                for r in results:
+                    if not r.error and r.name != "hf_vanilla":
+                        r.identical = sum(a == b for a, b in zip(r.outputs, ref))
+            vt = vanilla.tokens_per_s if vanilla else None
+            run["workloads"][wname] = {"prompts": len(ids), "baseline": vanilla.name if vanilla else None,
+                                       "results": [r.to_dict(vt) for r in results]}
+            click.echo(format_table(f"{wname}, batch {bs}, temperature {temp}", run["workloads"][wname], len(ids)))
+        report["runs"].append(run)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)
@@ -286,6 +285,29 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
         write_markdown(report, md_out)
         click.echo(f"wrote {md_out}", err=True)
     return report
+
+
+def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens, with_hf, dev, label):
+    """Every method on one workload; HF baselines only at batch 1 (assisted generation is batch-1 only)."""
+    from tqdm import tqdm
+
+    hf_methods = []
+    if with_hf and bs == 1:
+        hf_methods.append(("hf_vanilla", {}))
+        hf_methods.append((f"hf_prompt_lookup({hf_lookup_tokens})", {"prompt_lookup_num_tokens": hf_lookup_tokens}))
+        if draft is not None:
+            hf_methods.append(("hf_assisted", {"assistant_model": draft}))
+        if "layerskip" in pipes:
+            L = getattr(pipes["layerskip"].strategy, "layers", None)
+            L = L if isinstance(L, int) else max(1, target.config.num_hidden_layers // 2)
+            hf_methods.append((f"hf_early_exit({L})", {"assistant_early_exit": L}))
+    results: list[MethodResult] = []
+    with tqdm(total=(len(hf_methods) + len(pipes)) * len(ids), desc=f"bench {label}", unit="prompt", leave=False) as bar:
+        for name, extra in hf_methods:
+            results.append(run_hf(target, ids, max_new, dev, name, extra, temp, bar))
+        for name, pipe in pipes.items():
+            results.append(run_lightspec(pipe, ids, max_new, bs, temp, name, bar))
+    return results
 
 
 def format_table(wname: str, w: dict, n: int) -> str:

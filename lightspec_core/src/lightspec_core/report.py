@@ -18,11 +18,55 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
         f"- model: `{report['model']}`" + (f", draft: `{report['draft_model']}`" if report.get("draft_model") else ""),
         f"- device: {report['device']} ({m.get('gpu') or m['platform']}, {m['threads']} threads), dtype {report['dtype']}",
         f"- python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
-        f"- batch size {report['batch_size']}, temperature {report['temperature']}, max new tokens {report['max_new_tokens']}",
+        f"- max new tokens {report['max_new_tokens']}; greedy outputs are compared with HF vanilla greedy at batch 1",
         "",
     ]
+    for run in report["runs"]:
+        lines += [f"### batch {run['batch_size']}, temperature {run['temperature']}", ""]
+        lines += _run_tables(run)
+    if report["runs"]:
+        sp_name = f"{stem}_speedup.svg"
+        with open(os.path.join(out_dir, sp_name), "w") as f:
+            f.write(speedup_svg(report["runs"][0]))
+        pos_name = f"{stem}_acceptance.svg"
+        with open(os.path.join(out_dir, pos_name), "w") as f:
+            f.write(acceptance_svg(report["runs"][0]))
+        first = report["runs"][0]
+        lines += [f"![speed-up per workload (batch {first['batch_size']}, temperature {first['temperature']})]({sp_name})", "",
+                  f"![acceptance per draft position (batch {first['batch_size']}, temperature {first['temperature']})]({pos_name})", ""]
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
+
+
+def overall(run: dict) -> list[dict]:
+    """Per method, over all workloads of a run: total tokens / total time, and the ratio to
+    the run's baseline method (HF vanilla at batch 1, LightSpec's ``none`` when batched)."""
+    tot: dict[str, list[float]] = {}
+    base_name = None
+    for w in run["workloads"].values():
+        base_name = base_name or w["baseline"]
+        for r in w["results"]:
+            if r["error"]:
+                continue
+            t = tot.setdefault(r["name"], [0.0, 0.0])
+            t[0] += r["tokens"]
+            t[1] += r["seconds"]
+    base = tot.get(base_name)
+    base_tps = base[0] / base[1] if base and base[1] else None
+    return [{"name": n, "tokens_per_s": a / b if b else 0.0,
+             "speedup": (a / b) / base_tps if b and base_tps else None, "baseline": base_name}
+            for n, (a, b) in tot.items()]
+
+
+def _run_tables(report: dict) -> list[str]:
+    lines = ["| method (all workloads) | tok/s | speed-up vs " + str(next(iter(report["workloads"].values()))["baseline"]) + " |",
+             "|---|---:|---:|"]
+    for o in overall(report):
+        sp = f"{o['speedup']:.2f}×" if o["speedup"] else "-"
+        lines.append(f"| {o['name']} | {o['tokens_per_s']:.1f} | {sp} |")
+    lines.append("")
     for wname, w in report["workloads"].items():
-        lines += [f"### {wname} ({w['prompts']} prompts; speed-up vs {w['baseline']})", "",
+        lines += [f"#### {wname} ({w['prompts']} prompts; speed-up vs {w['baseline']})", "",
                   "| method | tok/s | speed-up | mean accepted length | acceptance | overhead | +peak mem (MB) | identical | per-position acceptance |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in w["results"]:
@@ -37,16 +81,7 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
             pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8]) or "-"
             lines.append(f"| {r['name']} | {r['tokens_per_s']:.1f} | {sp} | {al} | {ac} | {ov} | {r['peak_extra_mb']:.1f} | {ident} | {pp} |")
         lines.append("")
-    if report["workloads"]:
-        sp_name = f"{stem}_speedup.svg"
-        with open(os.path.join(out_dir, sp_name), "w") as f:
-            f.write(speedup_svg(report))
-        pos_name = f"{stem}_acceptance.svg"
-        with open(os.path.join(out_dir, pos_name), "w") as f:
-            f.write(acceptance_svg(report))
-        lines += [f"![speed-up per workload]({sp_name})", "", f"![acceptance per draft position]({pos_name})", ""]
-    with open(path, "w") as f:
-        f.write("\n".join(lines))
+    return lines
 
 
 def speedup_svg(report: dict) -> str:

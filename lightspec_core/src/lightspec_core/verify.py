@@ -30,6 +30,11 @@ class StandardVerifier:
 def verify_chain(ctx: StepContext, proposal: DraftProposal, logits: torch.Tensor) -> VerifyResult:
     """``logits [B, K+1, V]`` → VerifyResult."""
     if ctx.sampling.greedy:
+        if logits.is_cuda and logits.dtype != torch.float32:
+            # Measured on an H200: the compiled greedy Triton path accepted no draft at all with
+            # bf16 logits (0% vs 73% in fp32; the interpreter agrees with the reference), so the
+            # kernel gets fp32 until that is fixed. See kernels/README.md, "Known issues".
+            logits = logits.float()
         accepted, emitted = chain_verify(proposal.tokens, proposal.lengths, logits)
         return VerifyResult(accepted, emitted)
     p = warped_probs(logits, ctx.sampling)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["DEFAULT_TARGET", "DEFAULT_DRAFT", "MODELS_DIR", "ModelNotFoundError", "available",
+__all__ = ["DEFAULT_TARGET", "DEFAULT_DRAFT", "MODELS_DIR", "PROMPTS_DIR", "WORKLOADS", "ModelNotFoundError", "available", "prompt_sets",
            "model_path", "load"]
 __version__ = "0.1.0"
 
@@ -67,3 +67,30 @@ def load(name: str = DEFAULT_TARGET, dtype=None, device=None):
     if device is not None:
         model = model.to(device)
     return tok, model.eval()
+
+
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"
+WORKLOADS = ("code", "docstring", "edit", "prose", "spec_bench")
+
+
+def prompt_sets(workloads=WORKLOADS) -> dict[str, list[str]]:
+    """The benchmark suite's held-out prompts: {workload: [prompt, ...]}.
+
+    ``spec_bench`` is the first turn of each Spec-Bench question (Apache-2.0, see
+    ``prompts/spec_bench/README.md``); the others come from held-out files of the training
+    corpus (see ``prompts/README.md``).
+    """
+    import json
+
+    sets: dict[str, list[str]] = {}
+    for w in workloads:
+        if w == "spec_bench":
+            path = PROMPTS_DIR / "spec_bench" / "question.jsonl"
+            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            sets[w] = [r["turns"][0] for r in rows]
+        else:
+            path = PROMPTS_DIR / f"{w}.jsonl"
+            if not path.is_file():
+                raise FileNotFoundError(f"workload {w!r} has no prompt file at {path}; known: {', '.join(WORKLOADS)}")
+            sets[w] = [json.loads(line)["prompt"] for line in path.read_text().splitlines() if line.strip()]
+    return sets

@@ -17,7 +17,7 @@ from ..interfaces import DraftProposal, StepContext
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, min_ngram: int = 1, max_ngram: int = 4, max_draft: int = 8):
+    def __init__(self, min_ngram: int = 2, max_ngram: int = 4, max_draft: int = 8):
         if not (isinstance(min_ngram, int) and min_ngram >= 1):
             raise ValueError(f"min_ngram={min_ngram!r} is invalid: use an integer >= 1")
         if not (isinstance(max_ngram, int) and max_ngram >= min_ngram):
