@@ -129,7 +129,15 @@ def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop
     prompts = read_prompts(prompt, prompts_file)
     if max_new_tokens is None:
         max_new_tokens = int(d.get("max_new_tokens", 128))
+    if max_new_tokens < 1:
+        raise LightSpecError(f"--max-new-tokens {max_new_tokens} is invalid: use an integer >= 1")
     from .pipeline import MTPPipeline
+    from .sampling import SamplingParams
+
+    try:  # check the sampling flags before spending time on loading the model
+        SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    except ValueError as exc:
+        raise LightSpecError(str(exc)) from None
 
     if not as_json:
         click.echo("loading model…", err=True)

@@ -1,0 +1,91 @@
+"""CLI behaviour: one clear error line and a non-zero exit for bad input, tracebacks only
+with --debug, --help without torch, --json output."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import save_tiny
+
+from lightspec_core.cli import main
+
+
+def run_cli(args, capsys):
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return str(save_tiny(tmp_path_factory.mktemp("cli_model")))
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["run", "--strategy", "nope"], "unknown strategy 'nope'; available:"),
+        (["run", "--model", "/does/not/exist"], "'/does/not/exist' not found"),
+        (["run", "--temperature", "-1"], "temperature=-1.0 is invalid"),
+        (["run", "--top-p", "0"], "top_p=0.0 is invalid"),
+        (["run", "--max-new-tokens", "0"], "--max-new-tokens 0 is invalid"),
+        (["run", "--strategy", "/no/such/file.yaml"], "strategy file '/no/such/file.yaml' does not exist"),
+        (["run", "--device", "tpu9"], "device='tpu9' is invalid"),
+        (["run", "--dtype", "int3"], "dtype='int3' is invalid"),
+        (["bench", "--suite", "weird"], "--suite 'weird' is unknown"),
+    ],
+)
+def test_cli_errors_are_one_line(args, needle, capsys, model_dir):
+    full = list(args)
+    if full[0] == "run":
+        full += ["--prompt", "abc"]
+        if "--model" not in full:
+            full += ["--model", model_dir]
+    if full[0] == "bench":
+        full += ["--model", model_dir]
+    rc, out, err = run_cli(full, capsys)
+    assert rc != 0
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and needle in lines[0], err
+    assert "Traceback" not in err
+
+
+def test_cli_debug_shows_the_traceback(model_dir):
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightspec_core.cli", "--debug", "run", "--model", model_dir, "--strategy", "nope", "--prompt", "a"],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_cli_missing_prompts_file(capsys, model_dir):
+    rc, _, err = run_cli(["run", "--model", model_dir, "--prompts-file", "/no/prompts.jsonl"], capsys)
+    assert rc == 2 and "cannot read prompts file '/no/prompts.jsonl'" in err
+
+
+def test_cli_run_json(capsys, model_dir):
+    rc, out, err = run_cli(["run", "--model", model_dir, "--strategy", "ngram", "--prompt", "abcabc", "--prompt", "xy",
+                            "--max-new-tokens", "6", "--json"], capsys)
+    assert rc == 0, err
+    data = json.loads(out)
+    assert [d["prompt"] for d in data] == ["abcabc", "xy"]
+    for d in data:
+        assert len(d["token_ids"]) == 6 or d["finish_reason"] == "stop"
+        assert {"drafted", "accepted", "mean_accepted_length", "per_position_acceptance"} <= set(d["stats"])
+
+
+def test_cli_strategies_and_plugins_json(capsys):
+    rc, out, _ = run_cli(["strategies", "--json"], capsys)
+    assert rc == 0
+    names = {r["name"] for r in json.loads(out) if r["kind"] == "strategy"}
+    assert {"none", "ngram", "draft_model", "layerskip", "hybrid"} <= names
+    rc, out, _ = run_cli(["plugins", "--json"], capsys)
+    assert rc == 0 and "builtin" in {p["name"] for p in json.loads(out)["plugins"]}
+
+
+def test_cli_help_does_not_import_torch():
+    code = "import sys; from lightspec_core.cli import main; main(['--help']); print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False"
