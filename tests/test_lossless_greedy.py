@@ -18,7 +18,8 @@ BATCH1 = [0, 1]  # one repetitive and one random prompt, each run alone
 # name -> (strategy, options, which draft model: None / "small" / "self")
 STRATEGIES = {
     "none": ("none", {}, None),
-    "ngram": ("ngram", {}, None),
+    "ngram": ("ngram", {"min_ngram": 1}, None),  # the random prompts repeat single tokens
+    "ngram_default": ("ngram", {}, None),
     "draft_model": ("draft_model", {}, "small"),
     "draft_model_self": ("draft_model", {}, "self"),
     "layerskip1": ("layerskip", {"layers": 1}, None),
@@ -87,7 +88,7 @@ def test_lossless_greedy(arch, name, tok):
             static_accepted = run_accepted
         if name == "none":
             assert drafted == 0
-        elif budget is not None and name != "none":
+        elif budget is not None and name not in ("none", "ngram_default"):  # default n >= 2 may find no match here
             assert drafted > 0, f"{arch}/{name}: static k=4 never drafted"
     _ACCEPTED[(arch, name)] = accepted
     if name == "draft_model_self":

@@ -200,9 +200,9 @@ def e2e():
 
 E2E_STRATEGIES = {
     "draft_model": "draft_model",
-    "ngram": "ngram",
+    "ngram": {"type": "ngram", "min_ngram": 1},  # the prompt is a permutation: only 1-grams repeat
     # n-gram draft (one-hot q) extended by the draft model (real q) in one proposal
-    "cascade": {"type": "combination", "kind": "cascade", "components": [{"type": "ngram", "max_draft": 1}, "draft_model"]},
+    "cascade": {"type": "combination", "kind": "cascade", "components": [{"type": "ngram", "max_draft": 1, "min_ngram": 1}, "draft_model"]},
     "hybrid": "hybrid",
 }
 
