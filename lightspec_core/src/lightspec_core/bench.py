@@ -110,14 +110,16 @@ def _sync(device):
 
 def run_hf(model, prompts_ids, max_new, device, label, extra: dict, temperature: float, progress) -> MethodResult:
     res = MethodResult(label, "hf")
-    gen_kwargs = dict(max_new_tokens=max_new, min_new_tokens=max_new, do_sample=temperature > 0,
+    # eos_token_id=None: generate exactly max_new tokens without suppressing eos (min_new_tokens
+    # would mask the eos logit and change the greedy choice; LightSpec runs with ignore_eos)
+    gen_kwargs = dict(max_new_tokens=max_new, do_sample=temperature > 0, eos_token_id=None,
                       pad_token_id=model.generation_config.pad_token_id or 0, **extra)
     if temperature > 0:
         gen_kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
     try:
         with torch.inference_mode():
             warm = torch.tensor([prompts_ids[0]], device=device)
-            model.generate(warm, attention_mask=torch.ones_like(warm), **{**gen_kwargs, "max_new_tokens": 4, "min_new_tokens": 4})
+            model.generate(warm, attention_mask=torch.ones_like(warm), **{**gen_kwargs, "max_new_tokens": 4})
             with PeakRSS(device) as mem:
                 for p in prompts_ids:
                     ids = torch.tensor([p], device=device)

@@ -150,7 +150,7 @@ class DynamicBudget:
                 self.draft_cost.setdefault(src, self.prior_draft_cost)
             else:
                 # model drafters report their forward time; for model-free drafters the draft stage is the cost
-                spent = event.draft_forward_s if event.draft_forward_s > 0 else event.stage_s.get("draft", 0.0)
+                spent = event.draft_forward_s - event.draft_setup_s if event.draft_forward_s > 0 else event.stage_s.get("draft", 0.0)
                 per_token = min(spent / event.drafted_max / self.t1, 3.0)
                 self.draft_cost[src] = 0.7 * self.draft_cost.get(src, self.prior_draft_cost) + 0.3 * per_token
         # per (request, source) acceptance, decaying towards the prior when unused

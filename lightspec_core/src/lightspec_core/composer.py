@@ -336,17 +336,21 @@ def load_strategy_file(path: str | Path, registry) -> tuple[Any, dict | str | No
 
 
 class HybridStrategy(Combination):
-    """The built-in ``hybrid``: a switch between n-gram lookup (free when the context
-    repeats) and a model drafter — the draft model when one is given, else layer skip."""
+    """The built-in ``hybrid``: n-gram lookup (free when the context repeats) combined with a
+    model drafter — the draft model when one is given, else layer skip.  ``kind="switch"``
+    routes each row to one of them per step; ``kind="cascade"`` lets the model drafter extend
+    the n-gram draft (or draft alone when there is no match)."""
 
-    def __init__(self, registry, switch_threshold: float = 0.5, max_draft: int = 8):
+    def __init__(self, registry, switch_threshold: float = 0.5, max_draft: int = 8, kind: str = "switch"):
+        if kind not in ("switch", "cascade"):
+            raise ConfigError(f"hybrid: kind={kind!r} is invalid; allowed: switch, cascade")
         self.registry = registry
         self.max_draft = max_draft
         super().__init__(
             "hybrid",
-            "switch",
+            kind,
             [registry.create("strategy", "ngram", max_draft=max_draft), None],
-            registry.create("fusion", "first"),
+            registry.create("fusion", FUSION_FOR_KIND[kind]),
             switch_threshold,
         )
 

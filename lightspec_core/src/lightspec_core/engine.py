@@ -181,6 +181,7 @@ class Engine:
                 hidden_states=hidden,
                 hidden_positions=hidden_valid,
                 deterministic=deterministic,
+                extras={"target_kv": kv},
             )
             # 1. budget (never draft past a row's max_new_tokens)
             failure = None
@@ -301,6 +302,7 @@ class Engine:
                 },
                 target_forward_s=fwd_s,
                 draft_forward_s=ctx.timer.model_s,
+                draft_setup_s=ctx.timer.setup_s,
                 overhead_s=max(0.0, step_s - fwd_s - ctx.timer.model_s),
                 verify_tokens=K + 1,
                 failure=failure,

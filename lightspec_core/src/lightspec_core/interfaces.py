@@ -85,6 +85,7 @@ class StepTimer:
     """Shared by a step's context and its copies: drafters add their model time here."""
 
     model_s: float = 0.0
+    setup_s: float = 0.0  # part of model_s spent catching a drafter up (e.g. its first prefill): not a per-token cost
 
 
 @dataclass

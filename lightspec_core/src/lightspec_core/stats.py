@@ -47,6 +47,7 @@ class StepStats:
     verify_tokens: int
     queue_backlog: int = 0
     failure: str | None = None
+    draft_setup_s: float = 0.0  # part of draft_forward_s spent catching a drafter up (not per-token cost)
 
     @property
     def drafted_total(self) -> int:

@@ -12,7 +12,7 @@ import torch
 
 from ..hookspecs import hookimpl
 from ..interfaces import DraftProposal, StepContext
-from ..kvcache import BatchedKV
+from ..kvcache import BatchedKV, SlabLayer
 from ..model_parts import early_exit_view, num_layers
 from ..sampling import warp_logits
 
@@ -70,6 +70,8 @@ class ModelDrafter:
             return None
         t0 = time.perf_counter()
         logits = self._fit(self._sync(ctx))  # [B, V] next-token logits of the draft after the context
+        if self.caught_up > self.max_draft + 1:  # a catch-up (first prefill): not what a draft token costs
+            ctx.timer.setup_s += time.perf_counter() - t0
         B = ctx.batch
         dev = ctx.device
         sampling = ctx.sampling
@@ -163,6 +165,7 @@ class ModelDrafter:
             self.base[b] = len(ctx.sequences[b])
         self.kv.truncate(torch.tensor(keep_n, device=ctx.device))
         width = max(len(t) for t in new)
+        self.caught_up = width
         ids = torch.zeros(B, width, dtype=torch.long)
         valid = torch.zeros(B, width, dtype=torch.bool)
         for b, t in enumerate(new):
@@ -205,6 +208,35 @@ class LayerSkipDrafter(ModelDrafter):
             self.model = early_exit_view(self.target, self.layers)
         return super().lightspec_propose(ctx)
 
+    def _sync(self, ctx: StepContext) -> torch.Tensor:
+        # The draft's blocks are the target's first L blocks, so their keys and values for the
+        # committed tokens are already in the target's cache: when far behind (the first draft
+        # of a request), copy them instead of recomputing a prefill.
+        target_kv = ctx.extras.get("target_kv")
+        behind = max(len(s) - (self.base[b] if self.kv is not None and b < len(self.base) else 0)
+                     for b, s in enumerate(ctx.sequences))
+        if target_kv is not None and ctx.prefix is None and (self.kv is None or self.row_ids != ctx.row_ids or behind > self.max_draft + 1):
+            self._seed_from(target_kv, ctx)
+        return super()._sync(ctx)
+
+    def _seed_from(self, target_kv: BatchedKV, ctx: StepContext) -> None:
+        """Copy the target's cache of blocks [0, L) — all committed tokens but the newest."""
+        kv = BatchedKV(self.model, ctx.batch, ctx.device, capacity=target_kv.valid.shape[1])
+        kv.cols, kv.has_holes = target_kv.cols, target_kv.has_holes
+        kv.valid = target_kv.valid.clone()
+        kv.npos = target_kv.npos.clone()
+        for src in target_kv.cache.layers[: self.layers]:
+            layer = SlabLayer(src.capacity)
+            if src.is_initialized:
+                layer.k_slab, layer.v_slab = src.k_slab.clone(), src.v_slab.clone()
+                layer.device, layer.is_initialized = src.device, True
+            layer.set_length(src.length)
+            kv.cache.layers.append(layer)
+        self.kv = kv
+        self.fed = [list(seq[:-1]) for seq in ctx.sequences]
+        self.base = [len(seq) - 1 for seq in ctx.sequences]
+        self.row_ids = list(ctx.row_ids)
+
 
 @torch.no_grad()
 def choose_exit_layer(model, tokens: list[int], k: int = 4) -> int:
@@ -215,7 +247,7 @@ def choose_exit_layer(model, tokens: list[int], k: int = 4) -> int:
     costs about 1 + k * L / N full forwards.
     """
     n = num_layers(model)
-    ids = torch.tensor([tokens[-512:]], device=model.device)
+    ids = torch.tensor([tokens[-128:]], device=model.device)
     out = model(input_ids=ids, output_hidden_states=True)
     full = out.logits.argmax(-1)
     head = model.get_output_embeddings()
