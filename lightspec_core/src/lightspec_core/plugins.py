@@ -214,7 +214,7 @@ class PluginRegistry:
     def names(self, kind: str) -> list[str]:
         return sorted(n for k, n in self.components if k == kind)
 
-    def create(self, kind: str, name: str, **options) -> Any:
+    def create(self, kind: str, name: str, /, **options) -> Any:
         comp = self.get(kind, name)
         unknown = set(options) - set(comp.params) if comp.params else set()
         if unknown:
