@@ -135,14 +135,17 @@ class DynamicBudget:
         q = event.verify_tokens
         t = event.target_forward_s
         if q == 1:
-            self.t1 = t if self.t1 is None else 0.9 * self.t1 + 0.1 * t
+            self.t1 = t if self.t1 is None else 0.7 * self.t1 + 0.3 * t
         elif self.t1 and q > 1:
+            # every step also tells what a plain step costs now (contexts grow, batches shrink),
+            # so t1 tracks the current regime instead of going stale between plain steps
             beta = max(0.0, (t / self.t1 - 1.0) / (q - 1))
-            self.beta = 0.8 * self.beta + 0.2 * min(beta, 2.0)
+            self.beta = 0.9 * self.beta + 0.1 * min(beta, 2.0)
+            self.t1 = 0.9 * self.t1 + 0.1 * t / (1.0 + self.beta * (q - 1))
         used = {s for s, d in zip(event.sources, event.drafted) if d}
         for src in self.draft_cost:  # unused sources drift back to the prior, so they get probed again
             if src not in used:
-                self.draft_cost[src] = 0.99 * self.draft_cost[src] + 0.01 * self.prior_draft_cost
+                self.draft_cost[src] = 0.97 * self.draft_cost[src] + 0.03 * self.prior_draft_cost
         if self.t1 and len(used) == 1 and event.drafted_max > 0:
             src = used.pop()
             if src not in self.warm:  # a drafter's first step also fills its own cache: not a typical cost

@@ -53,11 +53,11 @@ def lightspec_register_strategies(register):
     register(
         "hybrid",
         _hybrid,
-        description="switch: n-gram lookup when the context repeats, else the draft model (or layer skip)",
+        description="n-gram lookup extended by the draft model (or layer skip): the composer's cascade",
         params={
             "switch_threshold": "switch: route to n-gram when its acceptance >= this (0.5)",
             "max_draft": "most tokens per draft (8)",
-            "kind": "switch (route per row and step) or cascade (the model extends the n-gram draft)",
+            "kind": "cascade (default: the model extends the n-gram draft) or switch (route per row and step)",
         },
     )
     register("standard", lazy(".verify:StandardVerifier"), kind="verifier", description="greedy match / lossless rejection sampling", params={})

@@ -234,12 +234,20 @@ def strategies(as_json):
 @click.option("--no-hf", is_flag=True, help="Skip the HF transformers baselines.")
 @click.option("--device", default=None)
 @click.option("--dtype", default=None)
+@click.option("--threads", type=int, default=None, help="torch CPU threads (1 gives the steadiest timings on a shared CPU).")
 @click.option("--json", "json_out", default=None, help="Write results as JSON to this file.")
 @click.option("--markdown", "md_out", default=None, help="Write the tables (and plots) to this Markdown file.")
 def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_tokens, batch_size, temperature,
-          hf_lookup_tokens, no_hf, device, dtype, json_out, md_out):
+          hf_lookup_tokens, no_hf, device, dtype, threads, json_out, md_out):
     """Compare LightSpec strategies with HF transformers generate on the same prompts."""
     from . import bench as bench_mod
+
+    if threads is not None:
+        if threads < 1:
+            raise LightSpecError(f"--threads {threads} is invalid: use an integer >= 1")
+        import torch
+
+        torch.set_num_threads(threads)
 
     bench_mod.main(model=model, strategies=list(strategies_), draft_model=draft_model, prompts_file=prompts_file,
                    suite=suite, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size,

@@ -341,7 +341,7 @@ class HybridStrategy(Combination):
     routes each row to one of them per step; ``kind="cascade"`` lets the model drafter extend
     the n-gram draft (or draft alone when there is no match)."""
 
-    def __init__(self, registry, switch_threshold: float = 0.5, max_draft: int = 8, kind: str = "switch"):
+    def __init__(self, registry, switch_threshold: float = 0.5, max_draft: int = 8, kind: str = "cascade"):
         if kind not in ("switch", "cascade"):
             raise ConfigError(f"hybrid: kind={kind!r} is invalid; allowed: switch, cascade")
         self.registry = registry
