@@ -53,7 +53,7 @@ class DynamicBudget:
         self,
         max_draft: int = 8,
         window: int = 16,
-        min_confidence: float = 0.2,
+        min_confidence: float = 0.3,
         beta: float = 0.12,
         draft_cost: float = 0.05,
         decay: float = 0.9,
@@ -78,7 +78,6 @@ class DynamicBudget:
         self.recent: dict[int, deque] = {}
         self.threshold: dict[int, float] = {}
         self.warm: set[str] = set()
-        self.confident: set[str] = set()  # sources whose drafts carry a confidence (model drafters)
 
     def reset(self) -> None:
         self.warm.clear()
@@ -89,12 +88,10 @@ class DynamicBudget:
     @hookimpl
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
+        taus = [self.threshold.get(r, self.base_confidence) for r in ctx.row_ids]
         if ctx.deterministic:  # seeded sampling: decide from acceptance only, with the prior costs
-            base = max(self.base_confidence, self.prior_beta + self.prior_draft_cost)
-            taus = [self.threshold.get(r, 0.0) + base for r in ctx.row_ids]
             ks = [self.best_k(h.acceptance(), self.prior_draft_cost, self.prior_beta) for h in ctx.history]
             return Budget(torch.tensor(ks, dtype=torch.long, device=ctx.device), torch.tensor(taus, device=ctx.device))
-        taus = [self.threshold.get(r, 0.0) + self.cost_threshold() for r in ctx.row_ids]
         if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
             return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), torch.tensor(taus, device=ctx.device))
         cheapest = min(self.draft_cost.values(), default=self.prior_draft_cost)
@@ -105,24 +102,13 @@ class DynamicBudget:
             for b, rid in enumerate(ctx.row_ids):
                 acc, rej = self.per_source.get((rid, src), (0.0, 0.0))
                 a = (acc + 0.6 * 2.0) / (acc + rej + 2.0)
-                k = self.best_k(a, cost)
-                if k and src in self.confident:  # its confidence stop sets the length: allow the maximum
-                    k = self.max_draft
-                row_k.append(k)
+                row_k.append(min(ks[b], self.best_k(a, cost)) if ks[b] else 0)
             by_source[src] = row_k
-        if any(s in self.confident for s in by_source):
-            ks = [max([k] + [v[b] for v in by_source.values()]) for b, k in enumerate(ks)]
         return Budget(
             max_draft=torch.tensor(ks, dtype=torch.long, device=ctx.device),
             min_confidence=torch.tensor(taus, device=ctx.device),
             by_source=by_source,
         )
-
-    def cost_threshold(self) -> float:
-        """Draft one more token while the chance that all drafted so far are accepted is at
-        least what a draft token costs relative to a plain step (verify slot + drafting)."""
-        cost = min((self.draft_cost[s] for s in self.confident if s in self.draft_cost), default=self.prior_draft_cost)
-        return min(0.9, max(self.base_confidence, self.beta + cost))
 
     def best_k(self, a: float, draft_cost: float | None = None, beta: float | None = None) -> int:
         """argmax_k E[tokens | k] / cost(k) for acceptance probability ``a``: a verify of k
@@ -157,9 +143,6 @@ class DynamicBudget:
             self.beta = 0.9 * self.beta + 0.1 * min(beta, 2.0)
             self.t1 = 0.9 * self.t1 + 0.1 * t / (1.0 + self.beta * (q - 1))
         used = {s for s, d in zip(event.sources, event.drafted) if d}
-        for s, d, c in zip(event.sources, event.drafted, event.confidence):
-            if d and c and "+" not in s:  # fused or model-free drafts report no (or zero) confidence
-                self.confident.add(s)
         for src in self.draft_cost:  # unused sources drift back to the prior, so they get probed again
             if src not in used:
                 self.draft_cost[src] = 0.97 * self.draft_cost[src] + 0.03 * self.prior_draft_cost
@@ -184,14 +167,13 @@ class DynamicBudget:
                     st[1] += 1.0 if a < d else 0.0
             if d == 0:
                 continue
-            # slide the row's window of acceptance and correct its confidence threshold: the
-            # drafter's confidence over-promises when acceptance lags behind it, and vice versa
+            # slide the row's window of acceptance and move its confidence threshold
             win = self.recent.setdefault(rid, deque(maxlen=self.window))
             win.append(a / d)
             rate = sum(win) / len(win)
-            shift = self.threshold.get(rid, 0.0)
+            tau = self.threshold.get(rid, self.base_confidence)
             if rate > 0.8:
-                shift = max(-0.3, shift - 0.05)
+                tau = max(0.05, tau - 0.05)
             elif rate < 0.5:
-                shift = min(0.5, shift + 0.05)
-            self.threshold[rid] = shift
+                tau = min(0.9, tau + 0.05)
+            self.threshold[rid] = tau

@@ -69,7 +69,7 @@ def lightspec_register_strategies(register):
         params={
             "max_draft": "upper bound on k (8)",
             "window": "sliding window of verifies for the confidence threshold (16)",
-            "min_confidence": "lowest stop threshold on a draft's running confidence (0.2)",
+            "min_confidence": "initial confidence threshold (0.3)",
             "beta": "initial verify cost slope per token (0.12)",
             "draft_cost": "initial cost of one draft token vs a target step (0.05)",
             "decay": "per-step decay of the acceptance counts (0.9)",

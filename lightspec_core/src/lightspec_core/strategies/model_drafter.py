@@ -20,11 +20,8 @@ from ..sampling import warp_logits
 class ModelDrafter:
     """Autoregressive drafting with a causal LM that shares the target's tokenizer.
 
-    Per row it stops when ``max_draft`` is reached or when the running product of the
-    draft's peak probabilities — its estimate that every token so far will be accepted, i.e.
-    the expected gain of drafting the next one — falls below the budget's ``min_confidence``
-    (the dynamic draft-length rule; the budget sets the threshold from the measured cost of a
-    draft token and corrects it by the observed acceptance).
+    Per row it stops when ``max_draft`` is reached or when the draft's peak probability
+    falls below the budget's ``min_confidence`` (the dynamic draft-length rule).
     """
 
     name = "draft_model"
@@ -87,7 +84,6 @@ class ModelDrafter:
         limit_t = torch.tensor(limits, device=dev)
         active = limit_t > 0
         min_conf = ctx.min_confidence
-        survival = torch.ones(B, device=dev)  # product of peak probabilities so far
         for j in range(k_max):
             logp = torch.log_softmax(logits.float(), dim=-1)
             p = logp.exp()
@@ -104,8 +100,7 @@ class ModelDrafter:
             ent[:, j] = -(p * logp).nan_to_num().sum(-1)
             # a row keeps this token if it is still drafting; it goes on while confident
             lengths += active.long()
-            survival = survival * peak
-            active = active & (lengths < limit_t) & (survival >= min_conf)
+            active = active & (lengths < limit_t) & (peak >= min_conf)
             if not bool(active.any()):
                 break
             out = self.kv.forward(tok[:, None], active[:, None])
