@@ -71,8 +71,7 @@ class VerifyResult:
 class Budget:
     """max_draft: [B] int64 most tokens a drafter may propose per row this step (0 = don't draft).
     min_confidence: [B] float — drafters that know their confidence stop a row's draft
-    when the running product of their peak probabilities (the chance that the whole draft
-    so far is accepted) falls below this.
+    when the peak probability of their next token falls below this.
     by_source: optional {component name: [B] Python ints} — a tighter limit for one
     component (combinations apply it to that component; it never exceeds max_draft)."""
 
