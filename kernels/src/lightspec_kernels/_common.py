@@ -98,3 +98,28 @@ def plan_splits(V: int, block: int, programs: int, device: torch.device, num_spl
     s = max(1, min(int(num_splits), n_blocks))
     chunk = -(-n_blocks // s) * block
     return -(-V // chunk), chunk
+
+
+def check_verify_inputs(target_probs, draft_probs, uniforms, exponentials, *, batch: int, slots: int,
+                        slot_name: str, device) -> int:
+    """Checks shared by the chain and tree verifiers; returns V.
+
+    target_probs: [B, slots+1 or slots, V] (already shape-checked by the caller's first dims)
+    draft_probs:  [B, slots, V] or None;  uniforms: [B, slots] or None;  exponentials: [B, V]
+    """
+    V = target_probs.shape[2]
+    if V == 0:
+        raise ValueError(f"target_probs: got shape {tuple(target_probs.shape)}; expected V > 0")
+    if draft_probs is not None:
+        check_tensor("draft_probs", draft_probs, shape=(batch, slots, V), dtypes=FLOAT_DTYPES, device=device,
+                     expect=f"(draft_probs [B, {slot_name}, V] or None)")
+    if uniforms is not None:
+        check_tensor("uniforms", uniforms, shape=(batch, slots), dtypes=FLOAT_DTYPES, device=device,
+                     expect=f"(uniforms [B, {slot_name}] in [0, 1), or None for greedy)")
+        if exponentials is None:
+            raise ValueError(
+                "exponentials: got None; expected a [B, V] float tensor of Exp(1) samples when uniforms is given"
+            )
+        check_tensor("exponentials", exponentials, shape=(batch, V), dtypes=FLOAT_DTYPES, device=device,
+                     expect="(exponentials [B, V], Exp(1) samples)")
+    return V

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, next_pow2, plan_splits
+from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, check_verify_inputs, next_pow2, plan_splits
 from ._triton_utils import row_argmax
 from .chain_verify_ref import chain_verify_ref
 
@@ -38,39 +38,7 @@ def _check(draft_tokens, draft_lens, target_probs, draft_probs, uniforms, expone
         device=dev,
         expect="(target_probs [B, K+1, V])",
     )
-    V = target_probs.shape[2]
-    if V == 0:
-        raise ValueError(f"target_probs: got shape {tuple(target_probs.shape)}; expected V > 0")
-    if draft_probs is not None:
-        check_tensor(
-            "draft_probs",
-            draft_probs,
-            shape=(B, K, V),
-            dtypes=FLOAT_DTYPES,
-            device=dev,
-            expect="(draft_probs [B, K, V] or None)",
-        )
-    if uniforms is not None:
-        check_tensor(
-            "uniforms",
-            uniforms,
-            shape=(B, K),
-            dtypes=FLOAT_DTYPES,
-            device=dev,
-            expect="(uniforms [B, K] in [0, 1), or None for greedy)",
-        )
-        if exponentials is None:
-            raise ValueError(
-                "exponentials: got None; expected a [B, V] float tensor of Exp(1) samples when uniforms is given"
-            )
-        check_tensor(
-            "exponentials",
-            exponentials,
-            shape=(B, V),
-            dtypes=FLOAT_DTYPES,
-            device=dev,
-            expect="(exponentials [B, V], Exp(1) samples)",
-        )
+    check_verify_inputs(target_probs, draft_probs, uniforms, exponentials, batch=B, slots=K, slot_name="K", device=dev)
 
 
 if HAS_TRITON:

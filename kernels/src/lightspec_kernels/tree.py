@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, next_pow2, plan_splits
+from ._common import FLOAT_DTYPES, HAS_TRITON, backend_for, check_tensor, check_verify_inputs, next_pow2, plan_splits
 from ._triton_utils import row_argmax, sample_argmax
 
 
@@ -63,39 +63,7 @@ def _check(tree_tokens, parents, target_probs, draft_probs, uniforms, exponentia
         device=dev,
         expect="(target_probs [B, N, V])",
     )
-    V = target_probs.shape[2]
-    if V == 0:
-        raise ValueError(f"target_probs: got shape {tuple(target_probs.shape)}; expected V > 0")
-    if draft_probs is not None:
-        check_tensor(
-            "draft_probs",
-            draft_probs,
-            shape=(B, N, V),
-            dtypes=FLOAT_DTYPES,
-            device=dev,
-            expect="(draft_probs [B, N, V] or None)",
-        )
-    if uniforms is not None:
-        check_tensor(
-            "uniforms",
-            uniforms,
-            shape=(B, N),
-            dtypes=FLOAT_DTYPES,
-            device=dev,
-            expect="(uniforms [B, N] in [0, 1), or None for greedy)",
-        )
-        if exponentials is None:
-            raise ValueError(
-                "exponentials: got None; expected a [B, V] float tensor of Exp(1) samples when uniforms is given"
-            )
-        check_tensor(
-            "exponentials",
-            exponentials,
-            shape=(B, V),
-            dtypes=FLOAT_DTYPES,
-            device=dev,
-            expect="(exponentials [B, V], Exp(1) samples)",
-        )
+    check_verify_inputs(target_probs, draft_probs, uniforms, exponentials, batch=B, slots=N, slot_name="N", device=dev)
 
 
 def check_tree(parents: torch.Tensor) -> None:
