@@ -105,9 +105,9 @@ class ModelDrafter:
                 break
             out = self.kv.forward(tok[:, None], active[:, None])
             logits = self._fit(out.logits[:, -1])
-            for b in range(B):
-                if active[b]:
-                    self.fed[b].append(int(tok[b]))
+            for b, (t, on) in enumerate(zip(tok.tolist(), active.tolist())):  # one sync, not 2B
+                if on:
+                    self.fed[b].append(t)
         ctx.timer.model_s += time.perf_counter() - t0
         k = int(lengths.max())
         return DraftProposal(
