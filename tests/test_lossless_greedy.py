@@ -22,6 +22,7 @@ STRATEGIES = {
     "ngram_default": ("ngram", {}, None),
     "draft_model": ("draft_model", {}, "small"),
     "draft_model_self": ("draft_model", {}, "self"),
+    "draft_model_hf_forward": ("draft_model", {"lean": False}, "small"),  # not through lean_decoder
     "layerskip1": ("layerskip", {"layers": 1}, None),
     "layerskip_auto": ("layerskip", {"layers": "auto"}, None),
     "hybrid_draft": ("hybrid", {}, "small"),

@@ -42,13 +42,15 @@ def lightspec_register_strategies(register):
         "draft_model",
         lazy(".strategies.model_drafter:ModelDrafter"),
         description="a smaller causal LM with the same tokenizer (--draft-model PATH)",
-        params={"max_draft": "most tokens per draft (8)"},
+        params={"max_draft": "most tokens per draft (8)",
+                "lean": "draft through lean_decoder when the architecture allows (true); false: the HF forward"},
     )
     register(
         "layerskip",
         lazy(".strategies.model_drafter:LayerSkipDrafter"),
         description="self-speculation with the target's first L layers + final norm + lm_head",
-        params={"layers": "exit layer L, or 'auto' (default)", "max_draft": "most tokens per draft (6)"},
+        params={"layers": "exit layer L, or 'auto' (default)", "max_draft": "most tokens per draft (6)",
+                "lean": "draft through lean_decoder when the architecture allows (true); false: the HF forward"},
     )
     register(
         "hybrid",

@@ -2,6 +2,10 @@
 own first layers (``layerskip``).  Both keep their own KV cache in step with the
 target: before drafting, each row's cache is cut back to the longest prefix that the
 target accepted and the tokens it lacks are fed in one batched forward.
+
+Draft forwards go through ``lean_decoder`` when the architecture is one it implements
+(about half the time of the HF forward for small drafts); otherwise through the model's
+own forward.  ``lean=False`` forces the HF forward.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import torch
 from ..hookspecs import hookimpl
 from ..interfaces import DraftProposal, StepContext
 from ..kvcache import BatchedKV, SlabLayer
+from ..lean_decoder import lean_decoder
 from ..model_parts import early_exit_view, num_layers
 from ..sampling import warp_logits
 
@@ -26,11 +31,15 @@ class ModelDrafter:
 
     name = "draft_model"
 
-    def __init__(self, max_draft: int = 8, model=None):
+    def __init__(self, max_draft: int = 8, model=None, lean: bool = True):
         if not (isinstance(max_draft, int) and max_draft >= 1):
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
+        if not isinstance(lean, bool):
+            raise ValueError(f"lean={lean!r} is invalid: use true or false")
         self.max_draft = max_draft
         self.model = model
+        self.lean = lean
+        self.runner = None  # what draft forwards call: a LeanDecoder or the model itself
         self.kv: BatchedKV | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -43,6 +52,7 @@ class ModelDrafter:
 
                 raise LightSpecError("strategy 'draft_model' needs a draft model: pass --draft-model PATH (or draft_model=...)")
             self.model = env.load_draft_model()
+        self.runner = (lean_decoder(self.model) if self.lean else None) or self.model
         self._check_vocab(env)
 
     def _check_vocab(self, env) -> None:
@@ -139,7 +149,7 @@ class ModelDrafter:
             pre = ctx.prefix.tolist()
             contexts = [seq + pre[b][: pl[b]] for b, seq in enumerate(contexts)]
         if self.kv is None:
-            self.kv = BatchedKV(self.model, B, ctx.device, capacity=max(len(s) for s in contexts) + 64)
+            self.kv = BatchedKV(self.runner, B, ctx.device, capacity=max(len(s) for s in contexts) + 64)
             self.fed = [[] for _ in range(B)]
             self.base = [0] * B  # per row: this many tokens of `fed` are known to match the context
             self.row_ids = list(ctx.row_ids)
@@ -185,8 +195,8 @@ class LayerSkipDrafter(ModelDrafter):
 
     name = "layerskip"
 
-    def __init__(self, max_draft: int = 6, layers: int | str = "auto"):
-        super().__init__(max_draft=max_draft)
+    def __init__(self, max_draft: int = 6, layers: int | str = "auto", lean: bool = True):
+        super().__init__(max_draft=max_draft, lean=lean)
         if not (layers == "auto" or (isinstance(layers, int) and layers >= 1)):
             raise ValueError(f"layers={layers!r} is invalid: use 'auto' or an integer >= 1")
         self.layers = layers
@@ -198,15 +208,19 @@ class LayerSkipDrafter(ModelDrafter):
         if self.layers != "auto":
             if self.layers >= n:
                 raise ValueError(f"layers={self.layers} is invalid: this model has {n} layers, use 1..{n - 1}")
-            self.model = early_exit_view(env.target, self.layers)
+            self._use_layers(self.layers)
         self._check_vocab(env)
 
     @hookimpl
     def lightspec_propose(self, ctx: StepContext) -> DraftProposal | None:
         if self.model is None:
-            self.layers = choose_exit_layer(self.target, ctx.sequences[0])
-            self.model = early_exit_view(self.target, self.layers)
+            self._use_layers(choose_exit_layer(self.target, ctx.sequences[0]))
         return super().lightspec_propose(ctx)
+
+    def _use_layers(self, n: int) -> None:
+        self.layers = n
+        self.model = early_exit_view(self.target, n)
+        self.runner = (lean_decoder(self.target, n) if self.lean else None) or self.model
 
     def _sync(self, ctx: StepContext) -> torch.Tensor:
         # The draft's blocks are the target's first L blocks, so their keys and values for the
@@ -221,7 +235,7 @@ class LayerSkipDrafter(ModelDrafter):
 
     def _seed_from(self, target_kv: BatchedKV, ctx: StepContext) -> None:
         """Copy the target's cache of blocks [0, L) — all committed tokens but the newest."""
-        kv = BatchedKV(self.model, ctx.batch, ctx.device, capacity=target_kv.valid.shape[1])
+        kv = BatchedKV(self.runner, ctx.batch, ctx.device, capacity=target_kv.valid.shape[1])
         kv.cols, kv.has_holes = target_kv.cols, target_kv.has_holes
         kv.valid = target_kv.valid.clone()
         kv.npos = target_kv.npos.clone()
