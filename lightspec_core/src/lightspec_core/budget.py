@@ -3,11 +3,25 @@
 ``dynamic`` (the default) is training-free and cost-aware.  Per row it keeps decayed
 counts of accepted draft tokens and of rejections, which estimate the per-token
 acceptance probability a (a geometric model: a verify of k drafts yields
-(1 - a^(k+1)) / (1 - a) tokens).  It learns online, from the step statistics, what a
-verify over q tokens costs relative to a plain step (``1 + beta * (q - 1)``) and what
-one draft token costs (``d``), and picks the k in 0..max that maximises tokens per unit
-of time.  k = 0 means plain decoding: speculation backs off where it does not pay, and
-because the counts decay towards a prior it probes again later.
+1 + a + ... + a^k tokens).  It learns online, from the step statistics, what a verify
+over q tokens costs relative to a plain step (``1 + beta * (q - 1)``) and what one draft
+token costs (``d``), and picks the draft length that maximises tokens per unit of time.
+k = 0 means plain decoding: speculation backs off where it does not pay.
+
+Two rules keep that choice sound on a noisy machine (on the 2-core VM a forward's time
+moves by 2x between identical calls):
+
+* costs come from medians over a window of recent steps: the verify cost is a line
+  fitted through the median forward time of each verify width seen in the last 32
+  steps, the draft cost the median of the last 16 measurements; one slow step does
+  not switch speculation off;
+* an estimate that is not being measured drifts back to its prior: an unused drafter's
+  cost by one prior sample per step, beta by 10% per step once only plain steps remain
+  in the window.  A policy that backed off therefore probes again (after 9 to about 40
+  plain steps) instead of staying off for good.
+
+In a batch every row pays for the widest verify, so the batch shares one draft length:
+the k that maximises the batch's expected tokens per unit of time.
 
 The draft-confidence rule runs inside model drafters: a row's draft stops when the
 drafter's peak probability falls below ``min_confidence``.  The policy adapts that
@@ -18,6 +32,7 @@ lowers it (draft deeper), low acceptance raises it.
 from __future__ import annotations
 
 from collections import deque
+from statistics import median
 
 import torch
 
@@ -64,16 +79,25 @@ class DynamicBudget:
             raise ValueError(f"window={window!r} is invalid: use an integer >= 1")
         if not (isinstance(min_confidence, (int, float)) and 0 <= min_confidence < 1):
             raise ValueError(f"min_confidence={min_confidence!r} is invalid: use a number in [0, 1)")
+        if not (isinstance(beta, (int, float)) and beta >= 0):
+            raise ValueError(f"beta={beta!r} is invalid: use a number >= 0")
+        if not (isinstance(draft_cost, (int, float)) and draft_cost >= 0):
+            raise ValueError(f"draft_cost={draft_cost!r} is invalid: use a number >= 0")
         if not (isinstance(decay, (int, float)) and 0 < decay < 1):
             raise ValueError(f"decay={decay!r} is invalid: use a number in (0, 1)")
         self.max_draft = max_draft
         self.window = window
         self.base_confidence = min_confidence
-        self.beta = self.prior_beta = beta  # verify cost slope per extra token, learned online
+        self.prior_beta = beta
         self.prior_draft_cost = draft_cost
         self.decay = decay
-        self.t1: float | None = None  # EMA of a plain (q = 1) target forward, seconds
-        self.draft_cost: dict[str, float] = {}  # per source: one draft token / plain step
+        # cost windows: (verify tokens, seconds) of recent target forwards, and per source
+        # the cost of one draft token relative to a plain step (its median is the estimate)
+        self.forward_samples: deque[tuple[int, float]] = deque(maxlen=32)
+        self.draft_samples: dict[str, deque[float]] = {}
+        self.t1: float | None = None
+        self.beta = beta
+        self.draft_cost: dict[str, float] = {}
         self.per_source: dict[tuple[int, str], list[float]] = {}  # (request, source) -> [accepted, rejected]
         self.recent: dict[int, deque] = {}
         self.threshold: dict[int, float] = {}
@@ -88,74 +112,53 @@ class DynamicBudget:
     @hookimpl
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
-        taus = [self.threshold.get(r, self.base_confidence) for r in ctx.row_ids]
+        taus = torch.tensor([self.threshold.get(r, self.base_confidence) for r in ctx.row_ids], device=ctx.device)
+        accs = [h.acceptance() for h in ctx.history]
         if ctx.deterministic:  # seeded sampling: decide from acceptance only, with the prior costs
-            ks = [self.best_k(h.acceptance(), self.prior_draft_cost, self.prior_beta) for h in ctx.history]
-            return Budget(torch.tensor(ks, dtype=torch.long, device=ctx.device), torch.tensor(taus, device=ctx.device))
+            k = self.best_k(accs, self.prior_draft_cost, self.prior_beta)
+            return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus)
         if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
-            return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), torch.tensor(taus, device=ctx.device))
-        cheapest = min(self.draft_cost.values(), default=self.prior_draft_cost)
-        ks = [self.best_k(h.acceptance(), cheapest) for h in ctx.history]
+            return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), taus)
+        k = self.best_k(accs, min(self.draft_cost.values(), default=self.prior_draft_cost))
         by_source: dict[str, list[int]] = {}
-        for src, cost in self.draft_cost.items():
-            row_k = []
-            for b, rid in enumerate(ctx.row_ids):
-                acc, rej = self.per_source.get((rid, src), (0.0, 0.0))
-                a = (acc + 0.6 * 2.0) / (acc + rej + 2.0)
-                row_k.append(min(ks[b], self.best_k(a, cost)) if ks[b] else 0)
-            by_source[src] = row_k
-        return Budget(
-            max_draft=torch.tensor(ks, dtype=torch.long, device=ctx.device),
-            min_confidence=torch.tensor(taus, device=ctx.device),
-            by_source=by_source,
-        )
+        if k:
+            for src, cost in self.draft_cost.items():
+                src_accs = []
+                for rid in ctx.row_ids:
+                    acc, rej = self.per_source.get((rid, src), (0.0, 0.0))
+                    src_accs.append((acc + 0.6 * 2.0) / (acc + rej + 2.0))
+                by_source[src] = [min(k, self.best_k(src_accs, cost))] * B
+        return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus, by_source=by_source)
 
-    def best_k(self, a: float, draft_cost: float | None = None, beta: float | None = None) -> int:
-        """argmax_k E[tokens | k] / cost(k) for acceptance probability ``a``: a verify of k
-        drafts yields 1 + a + ... + a^k tokens and costs 1 + (beta + draft_cost) * k steps."""
+    def best_k(self, accs: list[float] | float, draft_cost: float | None = None, beta: float | None = None) -> int:
+        """One draft length for the batch: argmax_k (sum over rows of E[tokens | k]) / cost(k).
+
+        Row b with acceptance probability a_b yields 1 + a_b + ... + a_b^k tokens from a
+        verify of k drafts; the step costs 1 + (beta + draft_cost) * k plain steps for the
+        whole batch, since every row waits for the widest verify.  k = 0 yields one token
+        per row at cost 1."""
+        if isinstance(accs, (int, float)):
+            accs = [accs]
         d = self.prior_draft_cost if draft_cost is None else draft_cost
         slope = (self.beta if beta is None else beta) + d
-        a = min(max(a, 0.0), 0.995)
-        best_k, best = 0, 1.0  # k = 0: one token per plain step of cost 1
-        gain = 1.0
-        term = 1.0
+        accs = [min(max(a, 0.0), 0.995) for a in accs]
+        best_k, best = 0, float(len(accs))
+        terms = [1.0] * len(accs)
+        gain = float(len(accs))
         for k in range(1, self.max_draft + 1):
-            term *= a
-            gain += term
-            cost = 1.0 + slope * k
-            if gain / cost > best * 1.02:  # a 2% margin: don't draft for noise-level gains
-                best_k, best = k, gain / cost
+            for i, a in enumerate(accs):
+                terms[i] *= a
+                gain += terms[i]
+            rate = gain / (1.0 + slope * k)
+            if rate > best * 1.02:  # a 2% margin: don't draft for noise-level gains
+                best_k, best = k, rate
         return best_k
 
     @hookimpl
     def lightspec_on_stats(self, event) -> None:
         if getattr(event, "kind", None) != "step":
             return
-        # learn the cost model from what the step measured
-        q = event.verify_tokens
-        t = event.target_forward_s
-        if q == 1:
-            self.t1 = t if self.t1 is None else 0.7 * self.t1 + 0.3 * t
-        elif self.t1 and q > 1:
-            # every step also tells what a plain step costs now (contexts grow, batches shrink),
-            # so t1 tracks the current regime instead of going stale between plain steps
-            beta = max(0.0, (t / self.t1 - 1.0) / (q - 1))
-            self.beta = 0.9 * self.beta + 0.1 * min(beta, 2.0)
-            self.t1 = 0.9 * self.t1 + 0.1 * t / (1.0 + self.beta * (q - 1))
-        used = {s for s, d in zip(event.sources, event.drafted) if d}
-        for src in self.draft_cost:  # unused sources drift back to the prior, so they get probed again
-            if src not in used:
-                self.draft_cost[src] = 0.97 * self.draft_cost[src] + 0.03 * self.prior_draft_cost
-        if self.t1 and len(used) == 1 and event.drafted_max > 0:
-            src = used.pop()
-            if src not in self.warm:  # a drafter's first step also fills its own cache: not a typical cost
-                self.warm.add(src)
-                self.draft_cost.setdefault(src, self.prior_draft_cost)
-            else:
-                # model drafters report their forward time; for model-free drafters the draft stage is the cost
-                spent = event.draft_forward_s - event.draft_setup_s if event.draft_forward_s > 0 else event.stage_s.get("draft", 0.0)
-                per_token = min(spent / event.drafted_max / self.t1, 3.0)
-                self.draft_cost[src] = 0.7 * self.draft_cost.get(src, self.prior_draft_cost) + 0.3 * per_token
+        self._learn_costs(event)
         # per (request, source) acceptance, decaying towards the prior when unused
         for rid, src, d, a in zip(event.row_ids, event.sources, event.drafted, event.accepted):
             for s in self.draft_cost:
@@ -177,3 +180,52 @@ class DynamicBudget:
             elif rate < 0.5:
                 tau = min(0.9, tau + 0.05)
             self.threshold[rid] = tau
+
+    def _learn_costs(self, event) -> None:
+        """Update the cost estimates from one step's measurements."""
+        if event.verify_tokens >= 1:
+            self.forward_samples.append((event.verify_tokens, event.target_forward_s))
+            self._fit_forward_cost()
+        used = {s for s, d in zip(event.sources, event.drafted) if d}
+        for src, samples in self.draft_samples.items():
+            if src not in used:  # an unused drafter drifts back to the prior, so it gets probed again
+                samples.append(self.prior_draft_cost)
+                self.draft_cost[src] = median(samples)
+        if not (self.t1 and len(used) == 1 and event.drafted_max > 0):
+            return
+        src = used.pop()
+        if src not in self.warm:  # a drafter's first step also fills its own cache: not a typical cost
+            self.warm.add(src)
+            self.draft_samples.setdefault(src, deque([self.prior_draft_cost], maxlen=16))
+            self.draft_cost.setdefault(src, self.prior_draft_cost)
+            return
+        # model drafters report their forward time; for model-free drafters the draft stage is the cost
+        spent = event.draft_forward_s - event.draft_setup_s if event.draft_forward_s > 0 else event.stage_s.get("draft", 0.0)
+        samples = self.draft_samples.setdefault(src, deque(maxlen=16))
+        samples.append(min(spent / event.drafted_max / self.t1, 3.0))
+        self.draft_cost[src] = median(samples)
+
+    def _fit_forward_cost(self) -> None:
+        """Fit ``t(q) = t1 * (1 + beta * (q - 1))`` to the window: the median time of each
+        verify width q, then a least-squares line through those medians (weighted by how
+        often each width occurred).  With a single width the two cannot be told apart:
+        t1 follows from the last beta, and when that width is 1 (nothing verified in the
+        window, so beta is not being measured) beta moves back towards its prior."""
+        by_q: dict[int, list[float]] = {}
+        for q, t in self.forward_samples:
+            by_q.setdefault(q, []).append(t)
+        pts = [(q - 1, median(ts), len(ts)) for q, ts in by_q.items()]
+        if len(pts) >= 2:
+            w = sum(n for _, _, n in pts)
+            xm = sum(x * n for x, _, n in pts) / w
+            ym = sum(y * n for _, y, n in pts) / w
+            sxx = sum(n * (x - xm) ** 2 for x, _, n in pts)
+            slope = sum(n * (x - xm) * (y - ym) for x, y, n in pts) / sxx
+            t1 = ym - slope * xm
+            if t1 > 0:
+                self.t1, self.beta = t1, min(max(slope / t1, 0.0), 2.0)
+                return
+        x, y, _ = pts[0]
+        if x == 0:
+            self.beta = 0.9 * self.beta + 0.1 * self.prior_beta
+        self.t1 = y / (1.0 + self.beta * x)

@@ -1,0 +1,147 @@
+"""The budget policies on synthetic step statistics: the dynamic policy's draft-length
+choice, its cost learning (robust to timing spikes), its back-off and re-probing, the
+batch-wide draft length, and the static policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lightspec_core.budget import DynamicBudget, StaticBudget
+from lightspec_core.interfaces import RowHistory, StepContext
+from lightspec_core.sampling import SamplingParams
+from lightspec_core.stats import StepStats
+
+T1 = 0.010  # seconds of a plain target step in these synthetic runs
+
+
+def ctx(histories: list[RowHistory], deterministic: bool = False) -> StepContext:
+    B = len(histories)
+    return StepContext(step=0, sequences=[[1, 2, 3]] * B, row_ids=list(range(B)), max_draft=torch.zeros(B, dtype=torch.long),
+                       max_draft_list=[0] * B, min_confidence=torch.zeros(B), sampling=SamplingParams(), generators=[],
+                       history=histories, target=None, tokenizer=None, device=torch.device("cpu"), vocab_size=10,
+                       deterministic=deterministic)
+
+
+def step(q: int, seconds: float, drafted=(0,), accepted=(0,), source: str = "draft_model", draft_s: float = 0.0) -> StepStats:
+    B = len(drafted)
+    return StepStats(kind="step", step=0, row_ids=list(range(B)), step_time_s=seconds + draft_s, device_time_s=None,
+                     peak_memory_bytes=0, drafted=list(drafted), accepted=list(accepted), emitted=[a + 1 for a in accepted],
+                     sources=[source if d else "" for d in drafted], confidence=[None] * B, entropy=[None] * B,
+                     stage_s={"draft": draft_s}, target_forward_s=seconds, draft_forward_s=draft_s, overhead_s=0.0,
+                     verify_tokens=q)
+
+
+def history(accepted: float, rejected: float) -> RowHistory:
+    return RowHistory(accepted=accepted, rejected=rejected)
+
+
+def k_of(policy, histories) -> list[int]:
+    return policy.lightspec_budget(ctx(histories)).max_draft.tolist()
+
+
+def test_best_k_grows_with_acceptance_and_backs_off_to_zero():
+    p = DynamicBudget(max_draft=8, beta=0.1, draft_cost=0.05)
+    ks = [p.best_k(a) for a in (0.05, 0.3, 0.6, 0.8, 0.95)]
+    assert ks[0] == 0  # drafting cannot pay at 5% acceptance
+    assert ks == sorted(ks) and ks[-1] >= 6
+    assert p.best_k(0.95, draft_cost=1.5) == 0  # a drafter as slow as the target never pays
+
+
+def test_calibrates_with_a_plain_step_then_drafts_where_acceptance_is_high():
+    p = DynamicBudget()
+    good = [history(accepted=20, rejected=2)]
+    assert k_of(p, good) == [0]  # no timing yet: one plain step to measure the target
+    p.lightspec_on_stats(step(1, T1))
+    assert p.t1 == pytest.approx(T1)
+    assert k_of(p, good)[0] >= 3
+    assert k_of(p, [history(accepted=0, rejected=20)]) == [0]
+
+
+def test_learns_the_verify_slope_and_the_draft_cost():
+    p = DynamicBudget(beta=0.5, draft_cost=0.5)
+    p.lightspec_on_stats(step(1, T1))
+    p.lightspec_on_stats(step(5, T1 * 1.4, drafted=(4,), accepted=(4,), draft_s=T1))  # warm-up step: cost not used
+    for _ in range(40):
+        # verify of 5 tokens costs 1.4 plain steps (beta 0.1); 4 draft tokens cost 0.4 of a step
+        p.lightspec_on_stats(step(5, T1 * 1.4, drafted=(4,), accepted=(4,), draft_s=0.4 * T1))
+    assert p.beta == pytest.approx(0.1, abs=0.01)
+    assert p.draft_cost["draft_model"] == pytest.approx(0.1, abs=0.01)
+    assert p.t1 == pytest.approx(T1, rel=0.05)
+
+
+def test_one_slow_step_does_not_switch_speculation_off():
+    p = DynamicBudget()
+    good = [history(accepted=20, rejected=4)]
+    p.lightspec_on_stats(step(1, T1))
+    for _ in range(10):
+        p.lightspec_on_stats(step(4, T1 * 1.3, drafted=(3,), accepted=(3,), draft_s=0.3 * T1))
+    before = k_of(p, good)[0]
+    p.lightspec_on_stats(step(4, T1 * 6.0, drafted=(3,), accepted=(3,), draft_s=3 * T1))  # a 5x timing spike
+    assert before >= 2 and k_of(p, good)[0] == before
+
+
+def test_backs_off_then_probes_again():
+    """A measured-expensive drafter is dropped, and its estimate drifts back to the prior
+    while it is unused, so the policy tries it again instead of never drafting again."""
+    p = DynamicBudget(beta=0.1, draft_cost=0.05)
+    good = [history(accepted=10, rejected=5)]
+    p.lightspec_on_stats(step(1, T1))
+    for _ in range(20):  # drafting measured very expensive: 2 plain steps per draft token
+        p.lightspec_on_stats(step(4, T1 * 3.0, drafted=(3,), accepted=(1,), draft_s=6 * T1))
+    assert k_of(p, good) == [0]
+    plain_steps = 0
+    while k_of(p, good) == [0]:
+        p.lightspec_on_stats(step(1, T1))
+        plain_steps += 1
+        assert plain_steps <= 40, "the policy never probes again"
+    assert plain_steps >= 4  # ...but not at once: the bad measurements still count for a while
+
+
+def test_a_batch_shares_one_draft_length():
+    """Every row waits for the widest verify: the batch gets the k that pays for the
+    batch, not each row's own best k."""
+    p = DynamicBudget(beta=0.3, draft_cost=0.05)
+    p.lightspec_on_stats(step(1, T1))
+    one_good = [history(accepted=40, rejected=1)] + [history(accepted=0, rejected=40)] * 7
+    ks = k_of(p, one_good)
+    assert len(set(ks)) == 1
+    alone = k_of(p, one_good[:1])[0]
+    assert alone >= 3 and ks[0] < alone  # one confident row cannot make seven others pay for a wide verify
+    assert len(set(k_of(p, [history(40, 1)] * 8))) == 1 and k_of(p, [history(40, 1)] * 8)[0] >= 3
+
+
+def test_seeded_sampling_decides_from_acceptance_only():
+    p = DynamicBudget()
+    good = [history(accepted=20, rejected=2)]
+    first = p.lightspec_budget(ctx(good, deterministic=True)).max_draft.tolist()
+    p.lightspec_on_stats(step(1, T1))
+    p.lightspec_on_stats(step(4, T1 * 9.0, drafted=(3,), accepted=(3,), draft_s=5 * T1))
+    assert p.lightspec_budget(ctx(good, deterministic=True)).max_draft.tolist() == first and first[0] > 0
+
+
+def test_per_source_limits_follow_each_sources_record():
+    p = DynamicBudget()
+    p.lightspec_on_stats(step(1, T1))
+    for src in ("ngram", "draft_model"):
+        p.lightspec_on_stats(step(3, T1 * 1.1, drafted=(2,), accepted=(2,), source=src, draft_s=0.01 * T1))
+    for _ in range(10):
+        p.lightspec_on_stats(step(3, T1 * 1.1, drafted=(2,), accepted=(0,), source="ngram", draft_s=0.01 * T1))
+        p.lightspec_on_stats(step(3, T1 * 1.1, drafted=(2,), accepted=(2,), source="draft_model", draft_s=0.1 * T1))
+    b = p.lightspec_budget(ctx([history(10, 2)]))
+    assert b.by_source["ngram"][0] < b.by_source["draft_model"][0]
+
+
+@pytest.mark.parametrize("kw, bad", [({"max_draft": 0}, "max_draft=0"), ({"beta": -1}, "beta=-1"),
+                                     ({"draft_cost": "x"}, "draft_cost='x'"), ({"min_confidence": 1.5}, "min_confidence=1.5"),
+                                     ({"decay": 1}, "decay=1"), ({"window": 0}, "window=0")])
+def test_dynamic_rejects_bad_options(kw, bad):
+    with pytest.raises(ValueError, match=bad):
+        DynamicBudget(**kw)
+
+
+def test_static_budget():
+    b = StaticBudget(k=3).lightspec_budget(ctx([history(0, 9)] * 2))
+    assert b.max_draft.tolist() == [3, 3] and b.min_confidence.tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="k=-1 is invalid"):
+        StaticBudget(k=-1)
