@@ -89,3 +89,30 @@ def test_cli_help_does_not_import_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_cli_bench_compares_with_hf_on_the_same_prompts(capsys, model_dir, tmp_path):
+    """A small end-to-end ``lightspec bench``: HF baselines and LightSpec strategies on
+    one prompts file, every greedy output compared with HF vanilla, JSON and Markdown
+    written."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat the cat the cat\none two three one two three\nred green blue red\n")
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    rc, out, err = run_cli(["bench", "--model", model_dir, "--prompts", str(prompts), "--strategy", "none",
+                            "--strategy", "ngram", "--strategy", "layerskip", "--max-new-tokens", "8",
+                            "--json", str(out_json), "--markdown", str(out_md)], capsys)
+    assert rc == 0, err
+    report = json.loads(out_json.read_text())
+    (run,) = report["runs"]
+    (w,) = run["workloads"].values()
+    assert w["prompts"] == 3 and w["baseline"] == "hf_vanilla"
+    by_name = {r["name"]: r for r in w["results"]}
+    assert {"hf_vanilla", "hf_prompt_lookup(10)", "none", "ngram", "layerskip"} <= set(by_name)
+    assert any(n.startswith("hf_early_exit(") for n in by_name)
+    for r in w["results"]:
+        assert r["error"] is None, r
+        assert r["tokens"] == 3 * 8 and r["tokens_per_s"] > 0
+        if r["name"] != "hf_vanilla":
+            assert r["identical_to_hf"] == 3, r  # greedy: every output equals HF vanilla's
+    assert by_name["hf_vanilla"]["speedup_vs_hf"] == 1.0
+    assert "hf_vanilla" in out_md.read_text()

@@ -3,7 +3,8 @@
 Baselines (batch 1, as HF's assisted generation supports only batch 1): ``generate``
 vanilla; ``prompt_lookup_num_tokens``; ``assistant_model`` (when a draft model is given);
 ``assistant_early_exit`` (when layerskip is measured).  Every method runs each prompt
-once after a warm-up; tokens/s is total new tokens over total wall time.  Greedy outputs
+once after a warm-up, interleaved with the other methods prompt by prompt (see
+``run_workload``); tokens/s is total new tokens over total wall time.  Greedy outputs
 are compared token by token with HF vanilla.
 """
 
@@ -108,82 +109,88 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-def run_hf(model, prompts_ids, max_new, device, label, extra: dict, temperature: float, progress) -> MethodResult:
-    res = MethodResult(label, "hf")
-    # eos_token_id=None: generate exactly max_new tokens without suppressing eos (min_new_tokens
-    # would mask the eos logit and change the greedy choice; LightSpec runs with ignore_eos)
-    gen_kwargs = dict(max_new_tokens=max_new, do_sample=temperature > 0, eos_token_id=None,
-                      pad_token_id=model.generation_config.pad_token_id or 0, **extra)
-    if temperature > 0:
-        gen_kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-    try:
+class HFMethod:
+    """HF transformers ``generate`` with extra arguments (prompt lookup, assistant model, ...)."""
+
+    family = "hf"
+
+    def __init__(self, model, label: str, extra: dict, temperature: float, device):
+        self.model, self.device = model, device
+        self.result = MethodResult(label, "hf")
+        # eos_token_id=None: generate exactly max_new tokens without suppressing eos (min_new_tokens
+        # would mask the eos logit and change the greedy choice; LightSpec runs with ignore_eos)
+        self.kwargs = dict(do_sample=temperature > 0, eos_token_id=None,
+                           pad_token_id=model.generation_config.pad_token_id or 0, **extra)
+        if temperature > 0:
+            self.kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+
+    def warm_up(self, prompt: list[int]) -> None:
+        warm = torch.tensor([prompt], device=self.device)
         with torch.inference_mode():
-            warm = torch.tensor([prompts_ids[0]], device=device)
-            model.generate(warm, attention_mask=torch.ones_like(warm), **{**gen_kwargs, "max_new_tokens": 4})
-            with PeakRSS(device) as mem:
-                for p in prompts_ids:
-                    ids = torch.tensor([p], device=device)
-                    _sync(device)
-                    t0 = time.perf_counter()
-                    out = model.generate(ids, attention_mask=torch.ones_like(ids), **gen_kwargs)
-                    _sync(device)
-                    res.seconds += time.perf_counter() - t0
-                    new = out[0, len(p):].tolist()
-                    res.outputs.append(new)
-                    res.tokens += len(new)
-                    progress.update(1)
-            res.peak_extra_mb = mem.extra
-    except Exception as exc:  # a baseline this model/transformers cannot run is reported, not fatal
-        res.error = f"{type(exc).__name__}: {exc}"
-    return res
+            self.model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, **self.kwargs)
 
-
-def run_lightspec(pipe, prompts_ids, max_new, batch_size, temperature, label, progress) -> MethodResult:
-    res = MethodResult(label, "lightspec")
-    steps_log = []
-
-    class _Collect:
-        name = "bench"
-
-        def lightspec_on_stats(self, event):
-            if event.kind == "step":
-                steps_log.append(event)
-
-    collector = _Collect()
-    pipe.bound.sinks.append(collector.lightspec_on_stats)
-    try:
-        pipe.generate([prompts_ids[0]], max_new_tokens=4, ignore_eos=True, temperature=temperature, seed=0)
-        steps_log.clear()
-        with PeakRSS(pipe.device) as mem:
-            for i in range(0, len(prompts_ids), batch_size):
-                chunk = prompts_ids[i:i + batch_size]
-                _sync(pipe.device)
+    def run(self, chunk: list[list[int]], max_new: int, seed: int) -> None:
+        res = self.result
+        with torch.inference_mode(), PeakRSS(self.device) as mem:
+            for p in chunk:  # HF assisted generation is batch-1 only: HF baselines run prompt by prompt
+                ids = torch.tensor([p], device=self.device)
+                _sync(self.device)
                 t0 = time.perf_counter()
-                outs = pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=temperature, seed=i)
-                _sync(pipe.device)
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, **self.kwargs)
+                _sync(self.device)
                 res.seconds += time.perf_counter() - t0
-                for o in outs:
-                    res.outputs.append(o.token_ids)
-                    res.tokens += len(o.token_ids)
-                    s = o.stats
-                    res.steps += s.steps + 1  # +1: the token from the prefill
-                    res.drafted += s.drafted
-                    res.accepted += s.accepted
-                    for j, (d, a) in enumerate(zip(s.per_position_drafted, s.per_position_accepted)):
-                        while len(res.pos_drafted) <= j:
-                            res.pos_drafted.append(0)
-                            res.pos_accepted.append(0)
-                        res.pos_drafted[j] += d
-                        res.pos_accepted[j] += a
-                progress.update(len(chunk))
-        res.peak_extra_mb = mem.extra
-        res.overhead_s = sum(e.overhead_s for e in steps_log)
-        res.step_s = sum(e.step_time_s for e in steps_log)
-    except Exception as exc:
-        res.error = f"{type(exc).__name__}: {exc}"
-    finally:
-        pipe.bound.sinks.remove(collector.lightspec_on_stats)
-    return res
+                new = out[0, len(p):].tolist()
+                res.outputs.append(new)
+                res.tokens += len(new)
+        res.peak_extra_mb = max(res.peak_extra_mb, mem.extra)
+
+    def finish(self) -> None:
+        pass
+
+
+class LightSpecMethod:
+    """One LightSpec pipeline; its per-step statistics are collected while it runs."""
+
+    family = "lightspec"
+
+    def __init__(self, pipe, label: str, temperature: float):
+        self.pipe, self.temperature = pipe, temperature
+        self.result = MethodResult(label, "lightspec")
+        self.steps_log: list = []
+        self.collect = lambda event: self.steps_log.append(event) if event.kind == "step" else None
+        pipe.bound.sinks.append(self.collect)
+
+    def warm_up(self, prompt: list[int]) -> None:
+        self.pipe.generate([prompt], max_new_tokens=4, ignore_eos=True, temperature=self.temperature, seed=0)
+        self.steps_log.clear()
+
+    def run(self, chunk: list[list[int]], max_new: int, seed: int) -> None:
+        res = self.result
+        with PeakRSS(self.pipe.device) as mem:
+            _sync(self.pipe.device)
+            t0 = time.perf_counter()
+            outs = self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature, seed=seed)
+            _sync(self.pipe.device)
+            res.seconds += time.perf_counter() - t0
+        res.peak_extra_mb = max(res.peak_extra_mb, mem.extra)
+        for o in outs:
+            res.outputs.append(o.token_ids)
+            res.tokens += len(o.token_ids)
+            s = o.stats
+            res.steps += s.steps + 1  # +1: the token from the prefill
+            res.drafted += s.drafted
+            res.accepted += s.accepted
+            for j, (d, a) in enumerate(zip(s.per_position_drafted, s.per_position_accepted)):
+                while len(res.pos_drafted) <= j:
+                    res.pos_drafted.append(0)
+                    res.pos_accepted.append(0)
+                res.pos_drafted[j] += d
+                res.pos_accepted[j] += a
+
+    def finish(self) -> None:
+        self.result.overhead_s = sum(e.overhead_s for e in self.steps_log)
+        self.result.step_s = sum(e.step_time_s for e in self.steps_log)
+        self.pipe.bound.sinks.remove(self.collect)
 
 
 def default_strategies(draft_model) -> list[str]:
@@ -290,25 +297,47 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
 
 
 def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens, with_hf, dev, label):
-    """Every method on one workload; HF baselines only at batch 1 (assisted generation is batch-1 only)."""
+    """Every method on one workload; HF baselines only at batch 1 (assisted generation is batch-1 only).
+
+    Methods are interleaved: each batch of prompts is run by every method before the next
+    batch starts (in an order that rotates from batch to batch), so a change in machine
+    speed during the run (the shared VM's forwards vary by 2x) hits all methods alike
+    instead of whichever happened to run then."""
     from tqdm import tqdm
 
-    hf_methods = []
+    methods: list = []
     if with_hf and bs == 1:
-        hf_methods.append(("hf_vanilla", {}))
-        hf_methods.append((f"hf_prompt_lookup({hf_lookup_tokens})", {"prompt_lookup_num_tokens": hf_lookup_tokens}))
+        methods.append(HFMethod(target, "hf_vanilla", {}, temp, dev))
+        methods.append(HFMethod(target, f"hf_prompt_lookup({hf_lookup_tokens})", {"prompt_lookup_num_tokens": hf_lookup_tokens}, temp, dev))
         if draft is not None:
-            hf_methods.append(("hf_assisted", {"assistant_model": draft}))
+            methods.append(HFMethod(target, "hf_assisted", {"assistant_model": draft}, temp, dev))
         if "layerskip" in pipes:
             L = getattr(pipes["layerskip"].strategy, "layers", None)
             L = L if isinstance(L, int) else max(1, target.config.num_hidden_layers // 2)
-            hf_methods.append((f"hf_early_exit({L})", {"assistant_early_exit": L}))
-    results: list[MethodResult] = []
-    with tqdm(total=(len(hf_methods) + len(pipes)) * len(ids), desc=f"bench {label}", unit="prompt", leave=False) as bar:
-        for name, extra in hf_methods:
-            results.append(run_hf(target, ids, max_new, dev, name, extra, temp, bar))
-        for name, pipe in pipes.items():
-            results.append(run_lightspec(pipe, ids, max_new, bs, temp, name, bar))
+            methods.append(HFMethod(target, f"hf_early_exit({L})", {"assistant_early_exit": L}, temp, dev))
+    methods += [LightSpecMethod(pipe, name, temp) for name, pipe in pipes.items()]
+    failed: dict[str, str] = {}
+    chunks = [ids[i:i + bs] for i in range(0, len(ids), bs)]
+    with tqdm(total=len(methods) * len(ids), desc=f"bench {label}", unit="prompt", leave=False) as bar:
+        for m in methods:
+            try:
+                m.warm_up(ids[0])
+            except Exception as exc:  # a method this model/transformers cannot run is reported, not fatal
+                failed[m.result.name] = f"{type(exc).__name__}: {exc}"
+        for c, chunk in enumerate(chunks):
+            order = methods[c % len(methods):] + methods[:c % len(methods)]
+            for m in order:
+                if m.result.name not in failed:
+                    try:
+                        m.run(chunk, max_new, seed=c * bs)
+                    except Exception as exc:
+                        failed[m.result.name] = f"{type(exc).__name__}: {exc}"
+                bar.update(len(chunk))
+    results = []
+    for m in methods:
+        m.finish()
+        m.result.error = failed.get(m.result.name)
+        results.append(m.result)
     return results
 
 
