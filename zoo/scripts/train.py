@@ -82,6 +82,8 @@ def parse_args(argv=None):
     ap.add_argument("--ckpt-every", type=int, default=500)
     ap.add_argument("--ckpt-every-s", type=float, default=600.0, help="also checkpoint every N seconds")
     ap.add_argument("--keep-best", action="store_true", help="save the weights with the best periodic eval loss")
+    ap.add_argument("--init-from", default=None,
+                    help="fine-tune: start from this HF model folder's weights (its config sets the architecture)")
     ap.add_argument("--distill-from", default=None, help="teacher HF folder (same tokenizer)")
     ap.add_argument("--kd-alpha", type=float, default=0.5, help="weight of CE; 1-alpha goes to KL")
     ap.add_argument("--kd-temp", type=float, default=1.0)
@@ -272,6 +274,12 @@ def model_card(args, name, model, log, data_meta, final_eval, device, teacher_di
         f"held-out set: {data_meta.get('eval', {}).get('tokens', 'n/a'):,} tokens",
         "",
         "## Training", "",
+        *([f"- fine-tuned from `{name_of(args.init_from)}` (its weights were the starting point; this card "
+           f"describes the fine-tuning run) on the mixture in `{args.data}`: {data_meta.get('made_by', 'see meta.json')}; "
+           f"{data_meta.get('train', {}).get('copy_documents', 0):,} copy documents "
+           f"({data_meta.get('train', {}).get('copy_tokens', 0):,} tokens) and "
+           f"{data_meta.get('train', {}).get('general_tokens', 0):,} tokens of the pre-training text"]
+          if getattr(args, "init_from", None) else []),
         "- objective: " + (f"distillation from `{teacher_dir}`: {args.kd_alpha} x CE + {1 - args.kd_alpha:.2f} x "
                            f"T^2 KL(teacher || student), T={args.kd_temp}" if teacher_dir else "next-token cross-entropy"),
         f"- steps: {st['step']:,}; training tokens seen: {st['tokens']:,} "
@@ -367,7 +375,11 @@ def main(argv=None):
     evald = TokenData(data_dir / "eval.bin", args.ctx)
     data_meta = json.loads((data_dir / "meta.json").read_text()) if (data_dir / "meta.json").exists() else {}
 
-    model = build_model(args, len(tok), tok.eos_token_id).to(device)
+    if args.init_from:
+        model = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32).to(device)
+        model.config._attn_implementation = "sdpa"
+    else:
+        model = build_model(args, len(tok), tok.eos_token_id).to(device)
     teacher = None
     if args.distill_from:
         teacher = AutoModelForCausalLM.from_pretrained(args.distill_from, dtype=torch.float32).to(device).eval()

@@ -1,0 +1,63 @@
+"""``zoo/scripts/make_copy_data.py``: copy documents come only from files that are not
+held out, keep the whole function, and rename whole words only."""
+from __future__ import annotations
+
+import importlib.util
+import random
+import re
+from pathlib import Path
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _load():
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location("make_copy_data", SCRIPTS / "make_copy_data.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+FUNC = '''
+def scale(values, factor, offset=0):
+    """Scale values."""
+    out = []
+    for v in values:
+        out.append(v * factor + offset)
+    factor_name = "factor"
+    return out, factor_name, factor
+'''
+
+
+def test_held_out_files_are_excluded(tmp_path):
+    mod = _load()
+    (tmp_path / "os.py").write_text("x = 1\n")
+    (tmp_path / "keep.py").write_text(FUNC)
+    (tmp_path / "held.py").write_text(FUNC)
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "t.py").write_text(FUNC)
+    names = [rel for rel, _ in mod.training_code_files(tmp_path, {"cpython-lib/held.py"})]
+    assert names == ["cpython-lib/keep.py", "cpython-lib/os.py"]
+
+
+def test_copy_documents_repeat_the_function_with_whole_word_renames():
+    mod = _load()
+    docs = mod.copy_documents([("cpython-lib/keep.py", FUNC)] * 40, random.Random(0))
+    assert len(docs) == 40
+    renamed = 0
+    for d in docs:
+        original, rest = d.split("\n\n# ", 1)
+        assert original == "# Original:\n" + FUNC.strip("\n")
+        head, body = rest.split("\n", 1)
+        m = re.match(r"The same function with `(\w+)` renamed to `(\w+)`:", head)
+        if m is None:
+            assert head in ("The same function, unchanged:", "A copy of the function above:")
+            assert body == FUNC.strip("\n") + "\n"
+            continue
+        renamed += 1
+        old, new = m.groups()
+        assert old in ("values", "factor", "offset") and new != old
+        assert body == re.sub(rf"\b{old}\b", new, FUNC.strip("\n")) + "\n"
+    assert renamed >= 25  # most documents rename (85%)
