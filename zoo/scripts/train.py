@@ -255,8 +255,10 @@ def model_card(args, name, model, log, data_meta, final_eval, device, teacher_di
     st = log["state"]
     lines = [
         f"# LightSpec zoo: `{name}`", "",
-        "A small Llama-architecture causal LM trained from scratch for LightSpec's offline demos and "
-        "benchmarks (speculative decoding). It is a toy-scale model: it writes Python-flavoured code and "
+        "A small Llama-architecture causal LM for LightSpec's offline demos and benchmarks (speculative "
+        "decoding), " + ("pre-trained from scratch in this project and then fine-tuned on this CPU to copy when "
+                          "asked (see Training)." if getattr(args, "init_from", None) else "trained from scratch.")
+        + " It is a toy-scale model: it writes Python-flavoured code and "
         "English/Shakespearean prose, not reliable content.", "",
         "## Architecture", "",
         f"- `LlamaForCausalLM`, {n_params(model):,} parameters (tied input/output embeddings)",
