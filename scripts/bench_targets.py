@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Check a ``lightspec bench --suite default --json`` report against the issues' targets.
+
+Prints a Markdown table (target, measured, met?) and the overall ratio of every method
+per run (total tokens over total time across the workloads).  Used to write the
+"Against the issues' targets" section of docs/benchmarks.md.
+
+    python scripts/bench_targets.py docs/benchmarks.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+LIGHTSPEC_SPECULATIVE = ("ngram", "draft_model", "layerskip", "hybrid")
+
+
+def overall(run: dict) -> dict[str, float]:
+    """Method -> tokens/s over all workloads (total tokens / total seconds)."""
+    tok: dict[str, float] = {}
+    sec: dict[str, float] = {}
+    for w in run["workloads"].values():
+        for r in w["results"]:
+            if r["error"]:
+                continue
+            tok[r["name"]] = tok.get(r["name"], 0) + r["tokens"]
+            sec[r["name"]] = sec.get(r["name"], 0) + r["seconds"]
+    return {n: tok[n] / sec[n] for n in tok if sec[n]}
+
+
+def target_weights_mb(report: dict) -> float:
+    """Size of the target's weights in the run's dtype, from its safetensors header."""
+    import glob
+    import os
+
+    from safetensors import safe_open
+
+    bytes_per = {"float32": 4, "float16": 2, "bfloat16": 2}[report["dtype"]]
+    n = 0
+    for f in glob.glob(os.path.join(report["model"], "*.safetensors")):
+        with safe_open(f, "pt") as st:
+            for k in st.keys():
+                n += _prod(st.get_slice(k).get_shape())
+    return n * bytes_per / 2**20
+
+
+def _prod(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def ratio_text(run: dict, a: str, b: str) -> tuple[float | None, str]:
+    o = overall(run)
+    if a not in o or b not in o:
+        return None, "not measured"
+    parts = []
+    for wname, w in run["workloads"].items():
+        r = {x["name"]: x for x in w["results"] if not x["error"]}
+        if a in r and b in r and r[b]["tokens_per_s"]:
+            parts.append(f"{wname} {r[a]['tokens_per_s'] / r[b]['tokens_per_s']:.2f}×")
+    return o[a] / o[b], f"{o[a] / o[b]:.2f}× over all workloads ({', '.join(parts)})"
+
+
+def main(path: str) -> None:
+    report = json.load(open(path))
+    runs = {(r["batch_size"], r["temperature"]): r for r in report["runs"]}
+    b1 = runs.get((1, 0.0))
+    rows = []
+    if b1:
+        lookup = next((n for n in overall(b1) if n.startswith("hf_prompt_lookup")), None)
+        v, text = ratio_text(b1, "ngram", lookup) if lookup else (None, "not measured")
+        rows.append((f"issue 2: `ngram` ≥ 1.3× HF `{lookup}`", text, v is not None and v >= 1.3))
+        v, text = ratio_text(b1, "draft_model", "hf_assisted")
+        rows.append(("issue 2: `draft_model` ≥ 1.3× HF assisted generation (same draft)", text, v is not None and v >= 1.3))
+        ov = []
+        for w in b1["workloads"].values():
+            ov += [r["overhead_fraction"] for r in w["results"] if r["overhead_fraction"] is not None]
+        every = [r["overhead_fraction"] for run in report["runs"] for w in run["workloads"].values()
+                 for r in w["results"] if r["overhead_fraction"] is not None]
+        rows.append(("issue 2: engine overhead ≤ 10% of step time (batch 1 greedy)",
+                     f"≤ {max(ov):.1%} at batch 1 greedy; ≤ {max(every):.1%} in every run", max(ov) <= 0.10))
+        extra = []
+        for w in b1["workloads"].values():
+            r = {x["name"]: x for x in w["results"] if not x["error"]}
+            if "none" in r:
+                extra += [r[n]["peak_extra_mb"] - r["none"]["peak_extra_mb"] for n in r if r[n]["family"] == "lightspec"]
+        weights_mb = target_weights_mb(report)
+        rows.append(("issue 2: speculation adds ≤ 10% peak memory over the target alone",
+                     f"at most {max(extra):+.1f} MB of peak RSS over `none` on the same prompts; the target's "
+                     f"{report['dtype']} weights are {weights_mb:.0f} MB (draft weights are loaded before the measurement)",
+                     max(extra) <= 0.10 * weights_mb))
+        low = []
+        for wname, w in b1["workloads"].items():
+            for r in w["results"]:
+                if r["family"] == "lightspec" and not r["error"] and r["speedup_vs_hf"] is not None and r["speedup_vs_hf"] < 0.95:
+                    low.append(f"{r['name']} {r['speedup_vs_hf']:.2f}× on {wname}")
+        rows.append(("issues 2 and 4: no strategy below 0.95× HF vanilla on any workload",
+                     "; ".join(low) if low else "none below 0.95×", not low))
+        o = overall(b1)
+        best = max((n for n in o if n in LIGHTSPEC_SPECULATIVE or n.endswith(".yaml")), key=lambda n: o[n])
+        v = o[best] / o["hf_vanilla"]
+        rows.append(("issue 4: best LightSpec strategy ≥ 2.0× HF vanilla overall", f"{best} {v:.2f}×", v >= 2.0))
+        edit = b1["workloads"].get("edit")
+        if edit:
+            r = max((x for x in edit["results"] if x["family"] == "lightspec" and not x["error"]),
+                    key=lambda x: x["speedup_vs_hf"] or 0)
+            rows.append(("issue 4: ≥ 2.5× on copy-heavy prompts (`edit`)", f"{r['name']} {r['speedup_vs_hf']:.2f}×",
+                         r["speedup_vs_hf"] >= 2.5))
+    slower = []
+    for (bs, t), run in runs.items():
+        if bs == 1:
+            continue
+        for wname, w in run["workloads"].items():
+            for r in w["results"]:
+                if r["name"] != "none" and not r["error"] and r["speedup_vs_hf"] is not None and r["speedup_vs_hf"] < 1.0:
+                    slower.append(f"{r['name']} {r['speedup_vs_hf']:.2f}× ({wname}, t={t})")
+    if any(bs > 1 for bs, _ in runs):
+        shown = "; ".join(slower[:8]) + (f"; and {len(slower) - 8} more" if len(slower) > 8 else "")
+        rows.append(("issue 4: at batch 8 speculation never slower than LightSpec's `none`",
+                     shown or "never slower", not slower))
+    if b1:
+        ident = all(r["identical_to_hf"] in (None, r2) for run in report["runs"] if run["temperature"] == 0
+                    for w in run["workloads"].values() for r, r2 in ((x, w["prompts"]) for x in w["results"]))
+        rows.append(("greedy outputs token-identical to HF vanilla greedy", "all identical" if ident else "NOT all identical", ident))
+    print("| target (this CPU, 1 thread, batch 1 greedy unless said) | measured | met? |")
+    print("|---|---|---|")
+    for target, measured, met in rows:
+        print(f"| {target} | {measured} | {'yes' if met else 'no'} |")
+    print()
+    for (bs, t), run in runs.items():
+        o = overall(run)
+        base = "hf_vanilla" if "hf_vanilla" in o else "none"
+        print(f"- overall batch {bs} t={t}: " + ", ".join(f"{n} {v / o[base]:.2f}×" for n, v in o.items()))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "docs/benchmarks.json")
