@@ -82,12 +82,16 @@ def test_one_slow_step_does_not_switch_speculation_off():
 
 
 def test_backs_off_then_probes_again():
-    """A measured-expensive drafter is dropped, and its estimate drifts back to the prior
-    while it is unused, so the policy tries it again instead of never drafting again."""
+    """A drafter measured expensive during a slow period is dropped; while unused its cost
+    drifts back to the cheapest it was measured at, so the policy tries it again instead
+    of never drafting again."""
     p = DynamicBudget(beta=0.1, draft_cost=0.05)
     good = [history(accepted=10, rejected=5)]
     p.lightspec_on_stats(step(1, T1))
-    for _ in range(20):  # drafting measured very expensive: 2 plain steps per draft token
+    for _ in range(12):  # normal period: a draft token costs 0.1 of a plain step
+        p.lightspec_on_stats(step(4, T1 * 1.3, drafted=(3,), accepted=(2,), draft_s=0.3 * T1))
+    assert k_of(p, good)[0] >= 1
+    for _ in range(20):  # slow period: 2 plain steps per draft token
         p.lightspec_on_stats(step(4, T1 * 3.0, drafted=(3,), accepted=(1,), draft_s=6 * T1))
     assert k_of(p, good) == [0]
     plain_steps = 0
@@ -96,6 +100,20 @@ def test_backs_off_then_probes_again():
         plain_steps += 1
         assert plain_steps <= 40, "the policy never probes again"
     assert plain_steps >= 4  # ...but not at once: the bad measurements still count for a while
+
+
+def test_a_drafter_too_expensive_for_its_acceptance_is_not_probed_again_and_again():
+    """Layer skip with an exit layer near the top costs most of a target step per draft
+    token: once measured, the policy stays at plain decoding."""
+    p = DynamicBudget(beta=0.1, draft_cost=0.05)
+    good = [history(accepted=10, rejected=5)]
+    p.lightspec_on_stats(step(1, T1))
+    for _ in range(12):
+        p.lightspec_on_stats(step(4, T1 * 1.3, drafted=(3,), accepted=(1,), draft_s=2.4 * T1))  # 0.8 per token
+    assert k_of(p, good) == [0]
+    for _ in range(80):
+        p.lightspec_on_stats(step(1, T1))
+        assert k_of(p, good) == [0]
 
 
 def test_a_batch_shares_one_draft_length():

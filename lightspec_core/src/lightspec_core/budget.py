@@ -15,10 +15,13 @@ moves by 2x between identical calls):
   fitted through the median forward time of each verify width seen in the last 32
   steps, the draft cost the median of the last 16 measurements; one slow step does
   not switch speculation off;
-* an estimate that is not being measured drifts back to its prior: an unused drafter's
-  cost by one prior sample per step, beta by 10% per step once only plain steps remain
-  in the window.  A policy that backed off therefore probes again (after 9 to about 40
-  plain steps) instead of staying off for good.
+* an estimate that is not being measured drifts back: an unused drafter's cost towards
+  the lowest median measured for it (its prior until 8 measurements exist) by one
+  sample per step, beta towards its prior by 10% per step once only plain steps remain
+  in the window.  A policy that backed off because of acceptance or a slow period
+  therefore probes again (after 9 to about 40 plain steps) instead of staying off for
+  good, while a drafter that is simply too expensive for its acceptance (the cost of a
+  draft token is a property of the drafter) is not probed again and again.
 
 In a batch every row pays for the widest verify, so the batch shares one draft length:
 the k that maximises the batch's expected tokens per unit of time.
@@ -98,6 +101,8 @@ class DynamicBudget:
         self.t1: float | None = None
         self.beta = beta
         self.draft_cost: dict[str, float] = {}
+        self.draft_floor: dict[str, float] = {}  # per source: the lowest median cost measured (after 8 measurements)
+        self.measured: dict[str, int] = {}
         self.per_source: dict[tuple[int, str], list[float]] = {}  # (request, source) -> [accepted, rejected]
         self.recent: dict[int, deque] = {}
         self.threshold: dict[int, float] = {}
@@ -188,8 +193,8 @@ class DynamicBudget:
             self._fit_forward_cost()
         used = {s for s, d in zip(event.sources, event.drafted) if d}
         for src, samples in self.draft_samples.items():
-            if src not in used:  # an unused drafter drifts back to the prior, so it gets probed again
-                samples.append(self.prior_draft_cost)
+            if src not in used:  # an unused drafter drifts back to its best measured cost, so it gets probed again
+                samples.append(self.draft_floor.get(src, self.prior_draft_cost))
                 self.draft_cost[src] = median(samples)
         if not (self.t1 and len(used) == 1 and event.drafted_max > 0):
             return
@@ -204,6 +209,9 @@ class DynamicBudget:
         samples = self.draft_samples.setdefault(src, deque(maxlen=16))
         samples.append(min(spent / event.drafted_max / self.t1, 3.0))
         self.draft_cost[src] = median(samples)
+        self.measured[src] = self.measured.get(src, 0) + 1
+        if self.measured[src] >= 8:  # a drafter's cost is structural: remember the cheapest window seen
+            self.draft_floor[src] = min(self.draft_floor.get(src, float("inf")), self.draft_cost[src])
 
     def _fit_forward_cost(self) -> None:
         """Fit ``t(q) = t1 * (1 + beta * (q - 1))`` to the window: the median time of each
