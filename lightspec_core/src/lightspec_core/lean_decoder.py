@@ -78,7 +78,6 @@ class LeanDecoder:
         inner = model.model
         cfg = model.config
         self.config = cfg
-        self.model = model
         self.embed = inner.embed_tokens
         self.layers = list(inner.layers)[:num_layers]
         self.norm = inner.norm
@@ -88,13 +87,6 @@ class LeanDecoder:
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.scale = self.head_dim**-0.5
-
-    @property
-    def device(self) -> torch.device:
-        return self.head.weight.device
-
-    def get_output_embeddings(self) -> nn.Module:
-        return self.head
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache=None, use_cache: bool = True, **_ignored) -> LeanOutput:
