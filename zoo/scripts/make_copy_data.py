@@ -26,16 +26,14 @@ import argparse
 import hashlib
 import json
 import random
-import re
 import shutil
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from prepare_data import _functions, find_python_lib, list_source, read_text  # noqa: E402
+from prepare_data import find_python_lib, list_source, read_text, rename_word, sized_functions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ZOO = ROOT / "zoo"
@@ -58,19 +56,11 @@ def renames(old: str, rng: random.Random) -> str:
 def copy_documents(files: list[tuple[str, str]], rng: random.Random) -> list[str]:
     docs = []
     for _rel, text in files:
-        lines = text.split("\n")
-        for f in _functions(text):
-            if not (4 <= f.end_lineno - f.lineno <= 40):
-                continue
-            code = textwrap.dedent("\n".join(lines[f.lineno - 1:f.end_lineno]))
-            if len(code) > 1800:
-                continue
-            args = [a.arg for a in f.args.args if a.arg not in ("self", "cls") and len(a.arg) > 2]
-            args = [a for a in args if len(re.findall(rf"\b{re.escape(a)}\b", code)) >= 2]
+        for _f, code, args in sized_functions(text, 4, 40, 1800, min_uses=2):
             if args and rng.random() < 0.85:
                 old = rng.choice(args)
                 new = renames(old, rng)
-                body = re.sub(rf"\b{re.escape(old)}\b", new, code)
+                body = rename_word(code, old, new)
                 head = f"# The same function with `{old}` renamed to `{new}`:"
             else:
                 body = code

@@ -166,24 +166,35 @@ def docstring_prompts(files, rng, n):
 IDENT_RE = re.compile(r"\b[a-z_][a-z0-9_]{2,}\b")
 
 
+def sized_functions(text: str, min_lines: int, max_lines: int, max_chars: int, min_uses: int):
+    """Yield ``(node, code, args)`` for each function in ``text`` spanning min..max lines and at
+    most ``max_chars`` (dedented): ``args`` are its parameters (not self/cls, 3+ characters)
+    that occur as whole words at least ``min_uses`` times in the code, i.e. can be renamed."""
+    lines = text.split("\n")
+    for f in _functions(text):
+        if not (min_lines <= f.end_lineno - f.lineno <= max_lines):
+            continue
+        code = textwrap.dedent("\n".join(lines[f.lineno - 1:f.end_lineno]))
+        if len(code) > max_chars:
+            continue
+        args = [a.arg for a in f.args.args if a.arg not in ("self", "cls") and len(a.arg) > 2]
+        yield f, code, [a for a in args if len(re.findall(rf"\b{re.escape(a)}\b", code)) >= min_uses]
+
+
+def rename_word(code: str, old: str, new: str) -> str:
+    """Replace whole-word occurrences of ``old`` by ``new``."""
+    return re.sub(rf"\b{re.escape(old)}\b", new, code)
+
+
 def edit_prompts(files, rng, n):
     cands = []
     for rel, text in files:
-        lines = text.split("\n")
-        for f in _functions(text):
-            if not (8 <= f.end_lineno - f.lineno <= 30):
-                continue
-            code = textwrap.dedent("\n".join(lines[f.lineno - 1:f.end_lineno]))
-            if len(code) > 1400:
-                continue
-            args = [a.arg for a in f.args.args if a.arg not in ("self", "cls") and len(a.arg) > 2]
-            args = [a for a in args if len(re.findall(rf"\b{re.escape(a)}\b", code)) >= 3]
+        for f, code, args in sized_functions(text, 8, 30, 1400, min_uses=3):
             if not args:
                 continue
             old = args[0]
             new = "new_" + old if not old.startswith("_") else "renamed" + old
-            renamed = re.sub(rf"\b{re.escape(old)}\b", new, code)
-            first = renamed.split("\n")[0]
+            first = rename_word(code, old, new).split("\n")[0]
             prompt = (f"# Original:\n{code}\n\n# The same function with `{old}` renamed to `{new}`:\n"
                       f"{first}\n")
             cands.append((rel, f.lineno, prompt))
