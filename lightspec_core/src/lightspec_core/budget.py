@@ -40,7 +40,7 @@ from statistics import median
 import torch
 
 from .hookspecs import hookimpl
-from .interfaces import Budget, StepContext
+from .interfaces import Budget, RowHistory, StepContext
 
 
 class StaticBudget:
@@ -128,10 +128,7 @@ class DynamicBudget:
         by_source: dict[str, list[int]] = {}
         if k:
             for src, cost in self.draft_cost.items():
-                src_accs = []
-                for rid in ctx.row_ids:
-                    acc, rej = self.per_source.get((rid, src), (0.0, 0.0))
-                    src_accs.append((acc + 0.6 * 2.0) / (acc + rej + 2.0))
+                src_accs = [RowHistory(*self.per_source.get((rid, src), (0.0, 0.0))).acceptance() for rid in ctx.row_ids]
                 by_source[src] = [min(k, self.best_k(src_accs, cost))] * B
         return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus, by_source=by_source)
 
