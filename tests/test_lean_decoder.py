@@ -1,6 +1,7 @@
-"""``lean_decoder``: the drafters' lean forward computes what the HF forward computes
-(same logits, up to float rounding) on every architecture it accepts, in ragged
-batches with holes; anything else is refused and keeps the HF forward."""
+"""``lean_decoder``: the lean forward computes what the HF forward computes (in fp32 bit
+for bit) on every architecture it accepts, in ragged batches with holes; anything else
+is refused and keeps the HF forward.  The target uses it only after
+``exact_lean_target``'s probe found it exact."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from models import build_model
 
 from lightspec_core.kvcache import BatchedKV
-from lightspec_core.lean_decoder import lean_decoder
+from lightspec_core.lean_decoder import exact_lean_target, lean_decoder
 from lightspec_core.strategies.model_drafter import LayerSkipDrafter, ModelDrafter
 
 CPU = torch.device("cpu")
@@ -95,3 +96,65 @@ def test_drafters_choose_their_forward():
     assert type(skip.runner).__name__ == "LeanDecoder" and len(skip.runner.layers) == 2
     with pytest.raises(ValueError, match="lean='yes' is invalid"):
         ModelDrafter(lean="yes")
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+def test_lean_forward_is_bitwise_equal_to_hf(arch):
+    """The target may run through the lean forward only because, in fp32, it reproduces
+    HF's logits exactly — on valid positions, through holes and rollbacks."""
+    model = build_model(arch)
+    with torch.no_grad():
+        ref = _steps(BatchedKV(model, 3, CPU))
+        got = _steps(BatchedKV(lean_decoder(model), 3, CPU))
+    for (r, valid), (g, _) in zip(ref, got):
+        assert torch.equal(g[valid], r[valid])
+
+
+@pytest.mark.parametrize("arch,expected", [("llama", True), ("qwen3", True), ("gpt2", False), ("gemma", False)])
+def test_exact_lean_target_accepts_only_exact_forwards(arch, expected):
+    assert (exact_lean_target(build_model(arch)) is not None) is expected
+
+
+def test_exact_lean_target_refuses_a_forward_that_differs_in_the_last_bit():
+    """The probe compares every logit: a model whose HF forward differs from the lean one
+    by one float rounding step keeps its HF forward."""
+    model = build_model("llama")
+    forward = model.forward
+
+    def nudged(*args, cache=None, **kwargs):
+        out = forward(*args, cache=cache, **kwargs)
+        out.logits = torch.nextafter(out.logits, torch.full_like(out.logits, float("inf")))
+        return out
+
+    model.forward = nudged
+    assert exact_lean_target(model) is None
+
+
+def test_lean_capture_records_what_hf_hidden_states_hold():
+    """``capture`` numbers layers like ``HiddenCapture`` (HF's ``output_hidden_states``)."""
+    from lightspec_core.model_parts import HiddenCapture
+
+    model = build_model("llama")
+    ids = torch.randint(3, 500, (2, 7), generator=torch.Generator().manual_seed(1))
+    layers = [0, 1, 3]  # embedding output, input of block 1, final norm output (3 blocks)
+    hf = HiddenCapture(model, layers)
+    lean = lean_decoder(model).capture(layers)
+    with torch.no_grad():
+        BatchedKV(model, 2, CPU).forward(ids)
+        BatchedKV(lean, 2, CPU).forward(ids)
+    hf.remove()
+    assert sorted(lean.states) == layers
+    for i in layers:
+        assert torch.equal(lean.states[i], hf.states[i])
+    with pytest.raises(ValueError, match="hidden layer id 4 is invalid"):
+        lean_decoder(model).capture([4])
+
+
+@pytest.mark.parametrize("arch,lean_target,expected", [("llama", True, "lean"), ("llama", False, "hf"), ("gpt2", True, "hf")])
+def test_pipeline_reports_the_target_forward(arch, lean_target, expected):
+    from helpers import tiny_model, tiny_tokenizer
+
+    from lightspec_core.pipeline import MTPPipeline
+
+    pipe = MTPPipeline(tiny_model(arch), tiny_tokenizer(), strategy="ngram", lean_target=lean_target)
+    assert pipe.engine.target_forward == expected

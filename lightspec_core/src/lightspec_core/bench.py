@@ -227,7 +227,7 @@ SUITE_CONFIGS = [(1, 0.0), (8, 0.0), (1, 0.8), (8, 0.8)]  # (batch size, tempera
 
 def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=None, limit=None, max_new_tokens=64,
          batch_size=1, temperature=0.0, hf_lookup_tokens=10, with_hf=True, device=None, dtype=None, json_out=None,
-         md_out=None):
+         md_out=None, lean_target=True):
     import sys
 
     from transformers import AutoTokenizer
@@ -254,14 +254,14 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
     pipes = {}
     for name in names:
         try:
-            pipes[name] = MTPPipeline(target, tok, strategy=name, draft_model=draft)
+            pipes[name] = MTPPipeline(target, tok, strategy=name, draft_model=draft, lean_target=lean_target)
         except LightSpecError as exc:
             click.echo(f"skipping {name}: {exc}", err=True)
     configs = SUITE_CONFIGS if suite else [(batch_size, temperature)]
     report = {"command": "lightspec bench", "command_line": "lightspec " + " ".join(sys.argv[1:]), "model": str(model),
               "draft_model": str(draft_model) if draft_model else None, "device": str(dev),
               "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "machine": machine_info(dev),
-              "runs": []}
+              "target_forward": {name: p.engine.target_forward for name, p in pipes.items()}, "runs": []}
     greedy_ref: dict[str, list[list[int]]] = {}  # HF vanilla greedy outputs at batch 1, per workload
     for bs, temp in configs:
         run = {"batch_size": bs, "temperature": temp, "workloads": {}}

@@ -121,9 +121,11 @@ def _defaults() -> dict:
 @click.option("--stats-out", default=None, help="Write one JSON line per step event to this file.")
 @click.option("--stream/--no-stream", default=False, help="Print text as it is generated (one prompt).")
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
+@click.option("--lean-target/--hf-target", default=True, show_default=True,
+              help="Run the target through LightSpec's exact lean forward when it reproduces HF's bit for bit (Llama family); --hf-target forces HF's forward.")
 @_sampling_options
 def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop, budget, device, dtype,
-        stats_out, stream, as_json, temperature, top_p, top_k, min_p, seed):
+        stats_out, stream, as_json, lean_target, temperature, top_p, top_k, min_p, seed):
     """Generate text with a speculative-decoding strategy."""
     d = _defaults()
     prompts = read_prompts(prompt, prompts_file)
@@ -150,6 +152,7 @@ def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop
         budget=budget or d.get("budget"),
         stats_out=stats_out,
         progress=not as_json,
+        lean_target=lean_target,
     )
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                   min_p=min_p, seed=seed, stop=list(stop))
@@ -237,8 +240,10 @@ def strategies(as_json):
 @click.option("--threads", type=int, default=None, help="torch CPU threads (1 gives the steadiest timings on a shared CPU).")
 @click.option("--json", "json_out", default=None, help="Write results as JSON to this file.")
 @click.option("--markdown", "md_out", default=None, help="Write the tables (and plots) to this Markdown file.")
+@click.option("--lean-target/--hf-target", default=True, show_default=True,
+              help="Run the target through LightSpec's exact lean forward when it reproduces HF's bit for bit (Llama family); --hf-target forces HF's forward.")
 def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_tokens, batch_size, temperature,
-          hf_lookup_tokens, no_hf, device, dtype, threads, json_out, md_out):
+          hf_lookup_tokens, no_hf, device, dtype, threads, json_out, md_out, lean_target):
     """Compare LightSpec strategies with HF transformers generate on the same prompts."""
     from . import bench as bench_mod
 
@@ -252,7 +257,7 @@ def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_t
     bench_mod.main(model=model, strategies=list(strategies_), draft_model=draft_model, prompts_file=prompts_file,
                    suite=suite, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size,
                    temperature=temperature, hf_lookup_tokens=hf_lookup_tokens, with_hf=not no_hf, device=device,
-                   dtype=dtype, json_out=json_out, md_out=md_out)
+                   dtype=dtype, json_out=json_out, md_out=md_out, lean_target=lean_target)
 
 
 def main(argv=None) -> int:

@@ -26,6 +26,7 @@ import torch
 
 from .interfaces import Budget, DraftProposal, RowHistory, StepContext, VerifyResult
 from .kvcache import BatchedKV
+from .lean_decoder import exact_lean_target
 from .model_parts import HiddenCapture
 from .sampling import SamplingParams, make_generator
 from .stats import StepStats
@@ -77,13 +78,20 @@ def position_seed(base: int, position: int, stream: int) -> int:
 
 
 class Engine:
-    def __init__(self, target, tokenizer, bound: BoundStrategy, device: torch.device):
+    def __init__(self, target, tokenizer, bound: BoundStrategy, device: torch.device, lean_target: bool = True):
         self.target = target
+        # The target's forwards go through an exact lean forward when one reproduces the HF
+        # forward bit for bit (lean_decoder.exact_lean_target); otherwise through HF's.
+        lean = exact_lean_target(target) if lean_target else None
+        self.runner = lean if lean is not None else target
+        self.target_forward = "lean" if lean is not None else "hf"
         self.tokenizer = tokenizer
         self.bound = bound
         self.device = torch.device(device)
         self.vocab_size = target.get_output_embeddings().weight.shape[0]
-        self.capture = HiddenCapture(target, bound.hidden_layers) if bound.hidden_layers else None
+        self.capture = None
+        if bound.hidden_layers:
+            self.capture = lean.capture(bound.hidden_layers) if lean is not None else HiddenCapture(target, bound.hidden_layers)
 
     # ------------------------------------------------------------------------------------
 
@@ -115,7 +123,7 @@ class Engine:
         history = [RowHistory() for _ in range(B)]
         lens = [len(p) for p in prompts]
         longest = max(lens)
-        kv = BatchedKV(self.target, B, dev, capacity=longest + max(max_new_tokens) + 32)
+        kv = BatchedKV(self.runner, B, dev, capacity=longest + max(max_new_tokens) + 32)
 
         # -- prefill: right-padded, so padding never precedes a real token ---------------
         t0 = time.perf_counter()

@@ -147,7 +147,7 @@ class MTPPipeline:
     def __init__(self, target, tokenizer, strategy: str | Any = "hybrid", draft_model=None, device=None,
                  dtype=None, budget: str | dict | None = None, verifier: str = "standard",
                  stats_out: str | None = None, log_interval_s: float | None = None, progress: bool = False,
-                 **strategy_options):
+                 lean_target: bool = True, **strategy_options):
         from .composer import build_strategy, load_strategy_file
 
         reg = get_registry()
@@ -188,7 +188,9 @@ class MTPPipeline:
         if log_interval_s:
             sinks.append(LogSink(log_interval_s))
         self.bound = bind(self.strategy_name, self.strategy, self.verifier, self.budget, sinks)
-        self.engine = Engine(self.target, tokenizer, self.bound, self.device)
+        if not isinstance(lean_target, bool):
+            raise LightSpecError(f"lean_target={lean_target!r} is invalid: use True or False")
+        self.engine = Engine(self.target, tokenizer, self.bound, self.device, lean_target=lean_target)
         gen_cfg = getattr(target, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
         eos = eos if eos is not None else tokenizer.eos_token_id

@@ -19,8 +19,12 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
         f"- device: {report['device']} ({m.get('gpu') or m['platform']}, {m['threads']} threads), dtype {report['dtype']}",
         f"- python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         f"- max new tokens {report['max_new_tokens']}; greedy outputs are compared with HF vanilla greedy at batch 1",
-        "",
     ]
+    forwards = sorted(set((report.get("target_forward") or {}).values()))
+    if forwards:
+        lines.append("- LightSpec's target forward: " + ", ".join(forwards)
+                     + " (lean: the exact lean forward, checked bit for bit against HF's at load)")
+    lines += [""]
     for run in report["runs"]:
         lines += [f"### batch {run['batch_size']}, temperature {run['temperature']}", ""]
         lines += _run_tables(run)
