@@ -158,3 +158,14 @@ def test_pipeline_reports_the_target_forward(arch, lean_target, expected):
 
     pipe = MTPPipeline(tiny_model(arch), tiny_tokenizer(), strategy="ngram", lean_target=lean_target)
     assert pipe.engine.target_forward == expected
+
+
+def test_lean_logits_to_keep_gives_the_last_positions():
+    """As HF's ``logits_to_keep``: the prefill of a long prompt skips the lm_head elsewhere."""
+    model = build_model("llama")
+    ids = torch.randint(3, 500, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = BatchedKV(lean_decoder(model), 2, CPU).forward(ids).logits
+        last = BatchedKV(lean_decoder(model), 2, CPU).forward(ids, logits_to_keep=3).logits
+    assert last.shape == (2, 3, full.shape[-1])
+    torch.testing.assert_close(last, full[:, -3:], rtol=1e-5, atol=1e-5)

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .interfaces import Budget, DraftProposal, RowHistory, StepContext, VerifyResult
-from .kvcache import BatchedKV
+from .kvcache import BatchedKV, takes_logits_to_keep
 from .lean_decoder import exact_lean_target
 from .model_parts import HiddenCapture
 from .sampling import SamplingParams, make_generator
@@ -85,6 +85,7 @@ class Engine:
         lean = exact_lean_target(target) if lean_target else None
         self.runner = lean if lean is not None else target
         self.target_forward = "lean" if lean is not None else "hf"
+        self.keeps_logits = takes_logits_to_keep(self.runner)
         self.tokenizer = tokenizer
         self.bound = bound
         self.device = torch.device(device)
@@ -134,8 +135,12 @@ class Engine:
         if min(lens) != longest:
             valid = torch.arange(longest)[None, :] < torch.tensor(lens)[:, None]
             valid = valid.to(dev)
-        out = kv.forward(ids.to(dev), valid)
-        last = torch.tensor(lens, device=dev) - 1
+        # logits only from the shortest row's last position on, as HF generate's prefill does
+        # (logits_to_keep): the lm_head over a whole prompt is a large, useless matmul
+        keep = longest - min(lens) + 1 if self.keeps_logits else longest
+        extra = {"logits_to_keep": keep} if self.keeps_logits else {}
+        out = kv.forward(ids.to(dev), valid, **extra)
+        last = torch.tensor(lens, device=dev) - 1 - (longest - keep)
         logits = out.logits[torch.arange(B, device=dev), last]
         if not sampling.greedy:
             for b, r in enumerate(rows):

@@ -113,6 +113,11 @@ class SlabCache(Cache):
             layer.set_length(length)
 
 
+def takes_logits_to_keep(model) -> bool:
+    """Whether ``model.forward`` can skip the lm_head on all but the last n positions."""
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 def cache_kwarg(model: torch.nn.Module) -> str:
     """The forward keyword a model takes its cache by (transformers 5 renamed it)."""
     params = inspect.signature(model.forward).parameters

@@ -26,7 +26,8 @@ The call signature is the subset of an HF causal LM's ``forward`` that
 * ``input_ids [B, q]``, ``position_ids [B, q]``;
 * ``attention_mask [B, cols]`` (bool, one flag per cache column including the q new
   ones) or ``None`` when every column is a real token of every row;
-* ``cache``: a ``SlabCache``; keys and values are appended through ``cache.update``.
+* ``cache``: a ``SlabCache``; keys and values are appended through ``cache.update``;
+* ``logits_to_keep``: as in HF, 0 for logits at every position, n for the last n only.
 
 It returns an object whose ``logits`` are ``[B, q, V]``.  ``capture(layer_ids)``
 records hidden states on every forward, numbered like ``model_parts.HiddenCapture``.
@@ -107,7 +108,7 @@ class LeanDecoder:
         return self
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache=None, use_cache: bool = True, **_ignored) -> LeanOutput:
+                cache=None, use_cache: bool = True, logits_to_keep: int = 0, **_ignored) -> LeanOutput:
         B, q = input_ids.shape
         D = self.head_dim
         h = self.embed(input_ids)
@@ -137,6 +138,8 @@ class LeanDecoder:
         h = _rms(self.norm, h)
         if len(self.layers) in self.record:
             self.states[len(self.layers)] = h
+        if logits_to_keep:  # as HF: logits of the last n positions only
+            h = h[:, -logits_to_keep:]
         return LeanOutput(logits=self.head(h))
 
     __call__ = forward

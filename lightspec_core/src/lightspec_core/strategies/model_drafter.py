@@ -16,7 +16,7 @@ import torch
 
 from ..hookspecs import hookimpl
 from ..interfaces import DraftProposal, StepContext
-from ..kvcache import BatchedKV, SlabLayer
+from ..kvcache import BatchedKV, SlabLayer, takes_logits_to_keep
 from ..lean_decoder import lean_decoder
 from ..model_parts import early_exit_view, num_layers
 from ..sampling import warp_logits
@@ -53,6 +53,7 @@ class ModelDrafter:
                 raise LightSpecError("strategy 'draft_model' needs a draft model: pass --draft-model PATH (or draft_model=...)")
             self.model = env.load_draft_model()
         self.runner = (lean_decoder(self.model) if self.lean else None) or self.model
+        self.keeps_logits = takes_logits_to_keep(self.runner)
         self._check_vocab(env)
 
     def _check_vocab(self, env) -> None:
@@ -183,8 +184,11 @@ class ModelDrafter:
             valid[b, : len(t)] = True
         ids, valid = ids.to(ctx.device), valid.to(ctx.device)
         all_valid = bool(valid.all())
-        out = self.kv.forward(ids, None if all_valid else valid)
-        last = torch.tensor([len(t) - 1 for t in new], device=ctx.device)
+        # logits only from the shortest row's last position on (the catch-up can be a whole prompt)
+        keep = width - min(len(t) for t in new) + 1 if self.keeps_logits else width
+        extra = {"logits_to_keep": keep} if self.keeps_logits else {}
+        out = self.kv.forward(ids, None if all_valid else valid, **extra)
+        last = torch.tensor([len(t) - 1 - (width - keep) for t in new], device=ctx.device)
         return out.logits[torch.arange(B, device=ctx.device), last]
 
 
@@ -221,6 +225,7 @@ class LayerSkipDrafter(ModelDrafter):
         self.layers = n
         self.model = early_exit_view(self.target, n)
         self.runner = (lean_decoder(self.target, n) if self.lean else None) or self.model
+        self.keeps_logits = takes_logits_to_keep(self.runner)
 
     def _sync(self, ctx: StepContext) -> torch.Tensor:
         # The draft's blocks are the target's first L blocks, so their keys and values for the
