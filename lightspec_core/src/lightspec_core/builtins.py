@@ -43,7 +43,9 @@ def lightspec_register_strategies(register):
         lazy(".strategies.model_drafter:ModelDrafter"),
         description="a smaller causal LM with the same tokenizer (--draft-model PATH)",
         params={"max_draft": "most tokens per draft (8)",
-                "lean": "draft through lean_decoder when the architecture allows (true); false: the HF forward"},
+                "lean": "draft through lean_decoder when the architecture allows (true); false: the HF forward",
+                "token_map": "draft only among these token ids plus the request's own: 'auto' (the draft folder's "
+                             "token_map.json, if any), 'none', or a JSON file path"},
     )
     register(
         "layerskip",

@@ -95,6 +95,24 @@ class LeanDecoder:
         self.scale = self.head_dim**-0.5
         self.record: frozenset[int] = frozenset()
         self.states: dict[int, torch.Tensor] = {}
+        self.vocab = self.head.weight.shape[0]
+        self.out_ids: torch.Tensor | None = None  # [n]: restrict_vocab's token ids
+        self.out_weight: torch.Tensor | None = None  # [n, H]: their lm_head rows
+
+    def restrict_vocab(self, token_ids: torch.Tensor | None) -> None:
+        """Compute logits only for ``token_ids [n]`` (int64); every other logit is -inf.
+
+        A drafter's lm_head can be most of its weights (64% of the zoo draft's): drafting
+        among the frequent tokens plus the request's own tokens reads a fraction of it, as
+        FR-Spec and EAGLE-3's reduced draft vocabularies do.  ``None``: the whole vocabulary."""
+        if token_ids is None:
+            self.out_ids = self.out_weight = self.out_bias = None
+            return
+        ids = token_ids.to(self.head.weight.device)
+        self.out_ids = ids
+        self.out_weight = self.head.weight.index_select(0, ids)
+        bias = getattr(self.head, "bias", None)
+        self.out_bias = None if bias is None else bias.index_select(0, ids)
 
     def capture(self, layer_ids: list[int]) -> "LeanDecoder":
         """Record, on every forward, the hidden states ``[B, q, H]`` of ``layer_ids`` in
@@ -140,7 +158,12 @@ class LeanDecoder:
             self.states[len(self.layers)] = h
         if logits_to_keep:  # as HF: logits of the last n positions only
             h = h[:, -logits_to_keep:]
-        return LeanOutput(logits=self.head(h))
+        if self.out_ids is None:
+            return LeanOutput(logits=self.head(h))
+        part = F.linear(h, self.out_weight, self.out_bias)  # [B, q, n]
+        logits = part.new_full((*part.shape[:-1], self.vocab), float("-inf"))
+        logits[..., self.out_ids] = part
+        return LeanOutput(logits=logits)
 
     __call__ = forward
 
@@ -195,8 +218,13 @@ def exact_lean_target(model: nn.Module) -> LeanDecoder | None:
 
 
 def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """RMSNorm as the Llama family's HF modules compute it, op for op (in float32, the
+    weight applied after the cast back), so that the rounding is theirs in every dtype."""
     eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
-    return F.rms_norm(x, (x.shape[-1],), norm.weight, eps)
+    dtype = x.dtype
+    h = x if dtype == torch.float32 else x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return norm.weight * (h if dtype == torch.float32 else h.to(dtype))
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -6,20 +6,42 @@ target accepted and the tokens it lacks are fed in one batched forward.
 Draft forwards go through ``lean_decoder`` when the architecture is one it implements
 (about half the time of the HF forward for small drafts); otherwise through the model's
 own forward.  ``lean=False`` forces the HF forward.
+
+A token map (``token_map.json`` in the draft's folder, or ``token_map=PATH``) limits the
+draft model's output layer to frequent tokens plus the request's own tokens (FR-Spec's
+idea; SGLang's ``--speculative-token-map``): the lm_head is most of a small draft's
+weights, and the target's verification keeps the output exact whatever is proposed.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import torch
 
 from ..hookspecs import hookimpl
 from ..interfaces import DraftProposal, StepContext
 from ..kvcache import BatchedKV, SlabLayer, takes_logits_to_keep
-from ..lean_decoder import lean_decoder
+from ..lean_decoder import LeanDecoder, lean_decoder
 from ..model_parts import early_exit_view, num_layers
 from ..sampling import warp_logits
+
+TOKEN_MAP_FILE = "token_map.json"
+
+
+def read_token_map(path: Path, vocab: int) -> torch.Tensor:
+    """A token map file: JSON, ``{"token_ids": [...]}`` (or a bare list) of the token ids
+    a draft may propose besides the request's own tokens, most frequent first."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"token map {path}: cannot read it as JSON ({exc})") from None
+    ids = data.get("token_ids") if isinstance(data, dict) else data
+    if not (isinstance(ids, list) and ids and all(isinstance(i, int) and 0 <= i < vocab for i in ids)):
+        raise ValueError(f"token map {path}: expected a non-empty list 'token_ids' of integers in 0..{vocab - 1}")
+    return torch.tensor(ids, dtype=torch.long)
 
 
 class ModelDrafter:
@@ -31,14 +53,18 @@ class ModelDrafter:
 
     name = "draft_model"
 
-    def __init__(self, max_draft: int = 8, model=None, lean: bool = True):
+    def __init__(self, max_draft: int = 8, model=None, lean: bool = True, token_map: str | None = "auto"):
         if not (isinstance(max_draft, int) and max_draft >= 1):
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
         if not isinstance(lean, bool):
             raise ValueError(f"lean={lean!r} is invalid: use true or false")
+        if token_map is not None and not isinstance(token_map, str):
+            raise ValueError(f"token_map={token_map!r} is invalid: use 'auto', 'none' or the path of a token map JSON file")
         self.max_draft = max_draft
         self.model = model
         self.lean = lean
+        self.token_map = token_map
+        self.hot: torch.Tensor | None = None  # [n] the token map's ids, when one applies
         self.runner = None  # what draft forwards call: a LeanDecoder or the model itself
         self.kv: BatchedKV | None = None
 
@@ -55,6 +81,31 @@ class ModelDrafter:
         self.runner = (lean_decoder(self.model) if self.lean else None) or self.model
         self.keeps_logits = takes_logits_to_keep(self.runner)
         self._check_vocab(env)
+        self._load_token_map(self.model)
+
+    def _load_token_map(self, model) -> None:
+        """``token_map``: 'auto' uses ``token_map.json`` from the drafting model's folder
+        when it has one; a path must exist; 'none' (or None) drafts over the whole vocabulary."""
+        spec = self.token_map
+        self.hot = None
+        if spec is None or spec == "none":
+            return
+        path = Path(getattr(model, "name_or_path", "") or "") / TOKEN_MAP_FILE if spec == "auto" else Path(spec)
+        if spec == "auto" and not (str(getattr(model, "name_or_path", "")) and path.is_file()):
+            return
+        from ..errors import LightSpecError
+
+        if not path.is_file():
+            raise LightSpecError(f"token_map={spec!r}: no such file (use 'auto', 'none' or a token map JSON file)")
+        if not isinstance(self.runner, LeanDecoder):
+            if spec == "auto":
+                return
+            raise LightSpecError(f"token_map={spec!r} needs the lean draft forward (lean=true and a "
+                                 f"Llama-family draft); this drafter uses the HF forward")
+        try:
+            self.hot = read_token_map(path, self.vocab)
+        except ValueError as exc:
+            raise LightSpecError(str(exc)) from None
 
     def _check_vocab(self, env) -> None:
         drafter = self.model if self.model is not None else env.target
@@ -151,6 +202,9 @@ class ModelDrafter:
             contexts = [seq + pre[b][: pl[b]] for b, seq in enumerate(contexts)]
         if self.kv is None:
             self.kv = BatchedKV(self.runner, B, ctx.device, capacity=max(len(s) for s in contexts) + 64)
+            if self.hot is not None:  # the frequent tokens plus every token of these requests
+                mine = torch.tensor([t for seq in contexts for t in seq], dtype=torch.long)
+                self.runner.restrict_vocab(torch.unique(torch.cat([self.hot, mine])))
             self.fed = [[] for _ in range(B)]
             self.base = [0] * B  # per row: this many tokens of `fed` are known to match the context
             self.row_ids = list(ctx.row_ids)
@@ -200,7 +254,7 @@ class LayerSkipDrafter(ModelDrafter):
     name = "layerskip"
 
     def __init__(self, max_draft: int = 6, layers: int | str = "auto", lean: bool = True):
-        super().__init__(max_draft=max_draft, lean=lean)
+        super().__init__(max_draft=max_draft, lean=lean, token_map="none")  # drafts with the target's own head
         if not (layers == "auto" or (isinstance(layers, int) and layers >= 1)):
             raise ValueError(f"layers={layers!r} is invalid: use 'auto' or an integer >= 1")
         self.layers = layers
