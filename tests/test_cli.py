@@ -34,6 +34,7 @@ def model_dir(tmp_path_factory):
         (["run", "--device", "tpu9"], "device='tpu9' is invalid"),
         (["run", "--dtype", "int3"], "dtype='int3' is invalid"),
         (["bench", "--suite", "weird"], "--suite 'weird' is unknown"),
+        (["bench", "--suite", "default", "--repeat", "0"], "--repeat 0 is invalid"),
     ],
 )
 def test_cli_errors_are_one_line(args, needle, capsys, model_dir):
@@ -93,26 +94,27 @@ def test_cli_help_does_not_import_torch():
 
 def test_cli_bench_compares_with_hf_on_the_same_prompts(capsys, model_dir, tmp_path):
     """A small end-to-end ``lightspec bench``: HF baselines and LightSpec strategies on
-    one prompts file, every greedy output compared with HF vanilla, JSON and Markdown
-    written."""
+    one prompts file, each batch run twice (``--repeat 2``), every greedy output compared
+    with HF vanilla, JSON and Markdown written."""
     prompts = tmp_path / "p.txt"
     prompts.write_text("the cat the cat the cat\none two three one two three\nred green blue red\n")
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     rc, out, err = run_cli(["bench", "--model", model_dir, "--prompts", str(prompts), "--strategy", "none",
-                            "--strategy", "ngram", "--strategy", "layerskip", "--max-new-tokens", "8",
+                            "--strategy", "ngram", "--strategy", "layerskip", "--max-new-tokens", "8", "--repeat", "2",
                             "--json", str(out_json), "--markdown", str(out_md)], capsys)
     assert rc == 0, err
     report = json.loads(out_json.read_text())
     (run,) = report["runs"]
     (w,) = run["workloads"].values()
-    assert w["prompts"] == 3 and w["baseline"] == "hf_vanilla"
+    assert w["prompts"] == 3 and w["baseline"] == "hf_vanilla" and report["repeat"] == 2
     by_name = {r["name"]: r for r in w["results"]}
     assert {"hf_vanilla", "hf_prompt_lookup(10)", "none", "ngram", "layerskip"} <= set(by_name)
     assert any(n.startswith("hf_early_exit(") for n in by_name)
     for r in w["results"]:
         assert r["error"] is None, r
-        assert r["tokens"] == 3 * 8 and r["tokens_per_s"] > 0
+        assert r["tokens"] == 2 * 3 * 8 and r["tokens_per_s"] > 0  # both rounds count
         if r["name"] != "hf_vanilla":
-            assert r["identical_to_hf"] == 3, r  # greedy: every output equals HF vanilla's
+            # greedy: every output equals HF vanilla's (outputs are kept from the first round)
+            assert r["identical_to_hf"] == 3 and r["identical_checked"] == 3, r
     assert by_name["hf_vanilla"]["speedup_vs_hf"] == 1.0
     assert "hf_vanilla" in out_md.read_text()

@@ -39,6 +39,7 @@ class MethodResult:
     overhead_s: float = 0.0
     step_s: float = 0.0
     identical: int | None = None
+    checked: int | None = None  # how many outputs had an HF vanilla greedy reference
     error: str | None = None
 
     @property
@@ -61,7 +62,7 @@ class MethodResult:
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
             "per_position_acceptance": self.per_position(), "peak_extra_mb": self.peak_extra_mb,
             "overhead_fraction": self.overhead_s / self.step_s if self.step_s else None,
-            "identical_to_hf": self.identical, "error": self.error,
+            "identical_to_hf": self.identical, "identical_checked": self.checked, "error": self.error,
         }
 
 
@@ -129,7 +130,7 @@ class HFMethod:
         with torch.inference_mode():
             self.model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, **self.kwargs)
 
-    def run(self, chunk: list[list[int]], max_new: int, seed: int) -> None:
+    def run(self, chunk: list[list[int]], max_new: int, seed: int, record: bool = True) -> None:
         res = self.result
         with torch.inference_mode(), PeakRSS(self.device) as mem:
             for p in chunk:  # HF assisted generation is batch-1 only: HF baselines run prompt by prompt
@@ -140,7 +141,8 @@ class HFMethod:
                 _sync(self.device)
                 res.seconds += time.perf_counter() - t0
                 new = out[0, len(p):].tolist()
-                res.outputs.append(new)
+                if record:
+                    res.outputs.append(new)
                 res.tokens += len(new)
         res.peak_extra_mb = max(res.peak_extra_mb, mem.extra)
 
@@ -164,7 +166,7 @@ class LightSpecMethod:
         self.pipe.generate([prompt], max_new_tokens=4, ignore_eos=True, temperature=self.temperature, seed=0)
         self.steps_log.clear()
 
-    def run(self, chunk: list[list[int]], max_new: int, seed: int) -> None:
+    def run(self, chunk: list[list[int]], max_new: int, seed: int, record: bool = True) -> None:
         res = self.result
         with PeakRSS(self.pipe.device) as mem:
             _sync(self.pipe.device)
@@ -174,7 +176,8 @@ class LightSpecMethod:
             res.seconds += time.perf_counter() - t0
         res.peak_extra_mb = max(res.peak_extra_mb, mem.extra)
         for o in outs:
-            res.outputs.append(o.token_ids)
+            if record:
+                res.outputs.append(o.token_ids)
             res.tokens += len(o.token_ids)
             s = o.stats
             res.steps += s.steps + 1  # +1: the token from the prefill
@@ -227,7 +230,7 @@ SUITE_CONFIGS = [(1, 0.0), (8, 0.0), (1, 0.8), (8, 0.8)]  # (batch size, tempera
 
 def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=None, limit=None, max_new_tokens=64,
          batch_size=1, temperature=0.0, hf_lookup_tokens=10, with_hf=True, device=None, dtype=None, json_out=None,
-         md_out=None, lean_target=True):
+         md_out=None, lean_target=True, repeat=1):
     import sys
 
     from transformers import AutoTokenizer
@@ -236,6 +239,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
 
     if batch_size < 1:
         raise LightSpecError(f"--batch-size {batch_size} is invalid: use an integer >= 1")
+    if repeat < 1:
+        raise LightSpecError(f"--repeat {repeat} is invalid: use an integer >= 1")
     if max_new_tokens < 1:
         raise LightSpecError(f"--max-new-tokens {max_new_tokens} is invalid: use an integer >= 1")
     dev = resolve_device(device)
@@ -245,7 +250,10 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
         draft_model = draft_model or default_draft_path()
     if suite and limit is None:
         limit = 6
-    sets = load_prompt_sets(prompts_file, suite, limit)
+    configs = SUITE_CONFIGS if suite else [(batch_size, temperature)]
+    # a batched suite run gets at least one full batch of prompts per workload
+    widest = max(bs for bs, _ in configs)
+    sets = load_prompt_sets(prompts_file, suite, max(limit, widest) if suite else limit)
     tok = AutoTokenizer.from_pretrained(str(model))
     click.echo(f"loading {model}…", err=True)
     target = load_model(model, dev, dt)
@@ -257,18 +265,18 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
             pipes[name] = MTPPipeline(target, tok, strategy=name, draft_model=draft, lean_target=lean_target)
         except LightSpecError as exc:
             click.echo(f"skipping {name}: {exc}", err=True)
-    configs = SUITE_CONFIGS if suite else [(batch_size, temperature)]
     report = {"command": "lightspec bench", "command_line": "lightspec " + " ".join(sys.argv[1:]), "model": str(model),
               "draft_model": str(draft_model) if draft_model else None, "device": str(dev),
-              "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "machine": machine_info(dev),
+              "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "repeat": repeat, "machine": machine_info(dev),
               "target_forward": {name: p.engine.target_forward for name, p in pipes.items()}, "runs": []}
     greedy_ref: dict[str, list[list[int]]] = {}  # HF vanilla greedy outputs at batch 1, per workload
     for bs, temp in configs:
         run = {"batch_size": bs, "temperature": temp, "workloads": {}}
         for wname, prompts in sets.items():
-            ids = [tok(p)["input_ids"] for p in prompts]
+            n = max(limit, bs) if suite and limit else len(prompts)
+            ids = [tok(p)["input_ids"] for p in prompts[:n]]
             results = run_workload(target, draft, pipes, ids, max_new_tokens, bs, temp, hf_lookup_tokens,
-                                   with_hf, dev, f"{wname} b{bs} t{temp}")
+                                   with_hf, dev, f"{wname} b{bs} t{temp}", repeat)
             vanilla = next((r for r in results if r.name == "hf_vanilla" and not r.error), None)
             if temp == 0 and bs == 1 and vanilla is not None:
                 greedy_ref[wname] = vanilla.outputs
@@ -278,7 +286,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
             if temp == 0 and ref is not None:
                 for r in results:
                     if not r.error and r.name != "hf_vanilla":
-                        r.identical = sum(a == b for a, b in zip(r.outputs, ref))
+                        pairs = list(zip(r.outputs, ref))  # the prompts that have an HF reference
+                        r.identical, r.checked = sum(a == b for a, b in pairs), len(pairs)
             vt = vanilla.tokens_per_s if vanilla else None
             run["workloads"][wname] = {"prompts": len(ids), "baseline": vanilla.name if vanilla else None,
                                        "results": [r.to_dict(vt) for r in results]}
@@ -296,13 +305,15 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
     return report
 
 
-def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens, with_hf, dev, label):
+def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens, with_hf, dev, label, repeat=1):
     """Every method on one workload; HF baselines only at batch 1 (assisted generation is batch-1 only).
 
     Methods are interleaved: each batch of prompts is run by every method before the next
     batch starts (in an order that rotates from batch to batch), so a change in machine
     speed during the run (the shared VM's forwards vary by 2x) hits all methods alike
-    instead of whichever happened to run then."""
+    instead of whichever happened to run then.  ``repeat`` runs every batch that many
+    times (tokens/s over all of them; outputs kept from the first), which a workload that
+    is one batch of 8 needs to average out that noise."""
     from tqdm import tqdm
 
     methods: list = []
@@ -318,18 +329,19 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
     methods += [LightSpecMethod(pipe, name, temp) for name, pipe in pipes.items()]
     failed: dict[str, str] = {}
     chunks = [ids[i:i + bs] for i in range(0, len(ids), bs)]
-    with tqdm(total=len(methods) * len(ids), desc=f"bench {label}", unit="prompt", leave=False) as bar:
+    with tqdm(total=len(methods) * len(ids) * repeat, desc=f"bench {label}", unit="prompt", leave=False) as bar:
         for m in methods:
             try:
                 m.warm_up(ids[0])
             except Exception as exc:  # a method this model/transformers cannot run is reported, not fatal
                 failed[m.result.name] = f"{type(exc).__name__}: {exc}"
-        for c, chunk in enumerate(chunks):
-            order = methods[c % len(methods):] + methods[:c % len(methods)]
+        rounds = [(r, c, chunk) for r in range(repeat) for c, chunk in enumerate(chunks)]
+        for i, (r, c, chunk) in enumerate(rounds):
+            order = methods[i % len(methods):] + methods[:i % len(methods)]
             for m in order:
                 if m.result.name not in failed:
                     try:
-                        m.run(chunk, max_new, seed=c * bs)
+                        m.run(chunk, max_new, seed=c * bs, record=r == 0)
                     except Exception as exc:
                         failed[m.result.name] = f"{type(exc).__name__}: {exc}"
                 bar.update(len(chunk))
@@ -352,7 +364,7 @@ def format_table(wname: str, w: dict, n: int) -> str:
         al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
         ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
         ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
-        ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{n}"
+        ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{r.get('identical_checked') or n}"
         pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8])
         lines.append(f"{r['name']:<24}{r['tokens_per_s']:>9.1f}{sp:>10}{al:>9}{ac:>8}{ov:>10}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
     return "\n".join(lines)

@@ -18,7 +18,8 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
         f"- model: `{report['model']}`" + (f", draft: `{report['draft_model']}`" if report.get("draft_model") else ""),
         f"- device: {report['device']} ({m.get('gpu') or m['platform']}, {m['threads']} threads), dtype {report['dtype']}",
         f"- python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
-        f"- max new tokens {report['max_new_tokens']}; greedy outputs are compared with HF vanilla greedy at batch 1",
+        f"- max new tokens {report['max_new_tokens']}; every batch run {report.get('repeat', 1)}× (interleaved); "
+        "greedy outputs are compared with HF vanilla greedy at batch 1 (batched runs: on the prompts the batch-1 runs had)",
     ]
     forwards = sorted(set((report.get("target_forward") or {}).values()))
     if forwards:
@@ -81,7 +82,7 @@ def _run_tables(report: dict) -> list[str]:
             al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
             ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
             ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
-            ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{w['prompts']}"
+            ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{r.get('identical_checked') or w['prompts']}"
             pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8]) or "-"
             lines.append(f"| {r['name']} | {r['tokens_per_s']:.1f} | {sp} | {al} | {ac} | {ov} | {r['peak_extra_mb']:.1f} | {ident} | {pp} |")
         lines.append("")
