@@ -150,9 +150,101 @@ def test_per_source_limits_follow_each_sources_record():
     assert b.by_source["ngram"][0] < b.by_source["draft_model"][0]
 
 
+def test_rows_that_rarely_get_a_draft_make_a_batch_back_off_but_not_a_single_row():
+    """n-gram lookup finds no match on most rows of some workloads.  In a batch the widest
+    verify is paid whenever any row drafts, so rare drafts do not pay; a single row pays
+    only when it does draft, so it keeps drafting."""
+    p = DynamicBudget(beta=0.15, draft_cost=0.01)
+    p.lightspec_on_stats(step(1, T1))
+    good = history(accepted=20, rejected=4)
+    assert k_of(p, [good] * 8)[0] >= 2  # before any evidence: rows are expected to get drafts
+    for _ in range(30):  # offered drafts, one row in eight gets one
+        p.lightspec_budget(ctx([good] * 8))
+        p.lightspec_on_stats(step(3, T1 * 1.3, drafted=(2,) + (0,) * 7, accepted=(2,) + (0,) * 7, source="ngram",
+                                  draft_s=0.01 * T1))
+    assert p.hit_rate(1) < 0.3 < 0.5 < p.hit_rate(0)  # row 0 always got its draft
+    assert k_of(p, [history(20, 4)] * 8) == [0] * 8
+    p.reset()  # a new generation, one row: the pooled rate says drafts are rare, but misses cost nothing
+    assert k_of(p, [good])[0] >= 2
+
+
+def test_a_new_row_starts_from_the_acceptance_pooled_over_recent_rows():
+    p = DynamicBudget()
+    assert p.pooled_acceptance("") == pytest.approx(0.6)  # no evidence: the fixed prior
+    p.lightspec_on_stats(step(1, T1))
+    for _ in range(30):  # drafts of 4, none accepted
+        p.lightspec_on_stats(step(5, T1 * 1.3, drafted=(4,), accepted=(0,), draft_s=0.1 * T1))
+    assert p.pooled_acceptance("") < 0.2 and p.pooled_acceptance("draft_model") < 0.2
+    fresh = RowHistory()
+    assert k_of(p, [fresh])[0] < DynamicBudget().best_k(fresh.acceptance(), 0.05)
+
+
+def test_the_extra_overhead_of_speculative_steps_is_charged():
+    """Speculative steps do more engine bookkeeping than plain ones; the policy learns the
+    difference and counts it as a fixed cost of drafting."""
+    def spec(overhead):
+        ev = step(3, T1 * 1.2, drafted=(2,), accepted=(1,), draft_s=0.05 * T1)
+        ev.overhead_s = overhead
+        return ev
+
+    p = DynamicBudget(guard=False)
+    plain = step(1, T1)
+    plain.overhead_s = 0.02 * T1
+    p.lightspec_on_stats(plain)
+    for _ in range(10):
+        p.lightspec_on_stats(spec(0.52 * T1))
+    assert p.spec_overhead == pytest.approx(0.5, abs=0.01)
+    row = [history(accepted=3, rejected=7)]
+    assert k_of(p, row) == [0]  # acceptance ~0.35 cannot pay for half a step of bookkeeping
+    assert DynamicBudget().best_k(row[0].acceptance(), p.draft_cost["draft_model"], p.beta) >= 1
+
+
+def test_the_throughput_guard_holds_plain_decoding_after_speculation_measured_slower():
+    """The cost model says drafting pays, but the measured steps are slower than plain
+    decoding would have been for the same tokens: the guard switches to plain decoding for
+    16 steps, then probes again (and holds twice as long after a second loss)."""
+    def slow():  # 2 tokens per step; the forward and the draft look cheap, the step takes 2.4 plain steps
+        ev = step(2, T1 * 1.1, drafted=(1,), accepted=(1,), draft_s=0.01 * T1)
+        ev.step_time_s = 2.4 * T1
+        return ev
+
+    p = DynamicBudget(beta=0.1, draft_cost=0.01)
+    good = [history(accepted=30, rejected=3)]
+    p.lightspec_on_stats(step(1, T1))
+    for _ in range(11):
+        assert k_of(p, good)[0] >= 1
+        p.lightspec_on_stats(slow())
+    assert p.hold == 0
+    p.lightspec_on_stats(slow())  # the window's 12th speculative step completes the check
+    assert p.hold == 16
+    for _ in range(16):
+        assert k_of(p, good) == [0]
+        p.lightspec_on_stats(step(1, T1))
+    assert k_of(p, good)[0] >= 1  # probing again
+    for _ in range(12):
+        p.lightspec_on_stats(slow())
+    assert p.hold == 32
+    p.reset()  # each generation starts with a clean guard
+    assert p.hold == 0 and k_of(p, good)[0] >= 1
+    off = DynamicBudget(beta=0.1, draft_cost=0.01, guard=False)
+    off.lightspec_on_stats(step(1, T1))
+    for _ in range(24):
+        off.lightspec_on_stats(slow())
+    assert off.hold == 0 and k_of(off, good)[0] >= 1
+
+
+def test_the_guard_lets_speculation_that_pays_run():
+    p = DynamicBudget()
+    good = [history(accepted=30, rejected=3)]
+    p.lightspec_on_stats(step(1, T1))
+    for _ in range(60):
+        p.lightspec_on_stats(step(5, T1 * 1.3, drafted=(4,), accepted=(4,), draft_s=0.2 * T1))
+    assert p.hold == 0 and k_of(p, good)[0] >= 3
+
+
 @pytest.mark.parametrize("kw, bad", [({"max_draft": 0}, "max_draft=0"), ({"beta": -1}, "beta=-1"),
                                      ({"draft_cost": "x"}, "draft_cost='x'"), ({"min_confidence": 1.5}, "min_confidence=1.5"),
-                                     ({"decay": 1}, "decay=1"), ({"window": 0}, "window=0")])
+                                     ({"decay": 1}, "decay=1"), ({"window": 0}, "window=0"), ({"guard": "no"}, "guard='no'")])
 def test_dynamic_rejects_bad_options(kw, bad):
     with pytest.raises(ValueError, match=bad):
         DynamicBudget(**kw)

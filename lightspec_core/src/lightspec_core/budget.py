@@ -8,6 +8,13 @@ over q tokens costs relative to a plain step (``1 + beta * (q - 1)``) and what o
 token costs (``d``), and picks the draft length that maximises tokens per unit of time.
 k = 0 means plain decoding: speculation backs off where it does not pay.
 
+A row's expected gain also counts how often it gets a draft at all when offered one (an
+n-gram lookup finds no match on many rows of some workloads; such a row gains nothing
+from a wider verify).  A new row has no record of its own, so its estimate starts from the acceptance pooled
+over all rows of the last ~50 steps (overall, and per drafter for the per-source caps),
+not from a fixed guess; seeded sampling keeps the fixed prior so that its output does not
+depend on earlier requests.
+
 Two rules keep that choice sound on a noisy machine (on the 2-core VM a forward's time
 moves by 2x between identical calls):
 
@@ -26,6 +33,15 @@ moves by 2x between identical calls):
 In a batch every row pays for the widest verify, so the batch shares one draft length:
 the k that maximises the batch's expected tokens per unit of time.
 
+The model above can be wrong in ways it cannot see (at batch 8 a verify's extra width
+costs more than at batch 1, rows without an n-gram match gain nothing, padding and
+drafting overheads), so a *throughput guard* checks the outcome: over each window of 12
+speculative steps it compares the wall time spent with the time plain decoding would
+have needed for the same tokens (``t1`` times the measured step/forward ratio of plain
+steps).  If speculation was slower, the policy decodes plainly for a hold period (16
+steps, doubling on each repeated loss up to 128, back to 16 after a win), then probes
+again.  Each generation (``reset``) starts with a clean guard.
+
 The draft-confidence rule runs inside model drafters: a row's draft stops when the
 drafter's peak probability falls below ``min_confidence``.  The policy adapts that
 threshold per row over a sliding window of recent verifies: high recent acceptance
@@ -41,6 +57,11 @@ import torch
 
 from .hookspecs import hookimpl
 from .interfaces import Budget, RowHistory, StepContext
+
+POOL_DECAY = 0.98  # per step: the pooled acceptance reflects the last ~50 steps
+GUARD_WINDOW = 12  # speculative steps per throughput check
+GUARD_HOLD = 16  # plain steps after a check that speculation lost
+GUARD_MAX_HOLD = 128
 
 
 class StaticBudget:
@@ -75,6 +96,7 @@ class DynamicBudget:
         beta: float = 0.12,
         draft_cost: float = 0.05,
         decay: float = 0.9,
+        guard: bool = True,
     ):
         if not (isinstance(max_draft, int) and max_draft >= 1):
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
@@ -88,6 +110,9 @@ class DynamicBudget:
             raise ValueError(f"draft_cost={draft_cost!r} is invalid: use a number >= 0")
         if not (isinstance(decay, (int, float)) and 0 < decay < 1):
             raise ValueError(f"decay={decay!r} is invalid: use a number in (0, 1)")
+        if not isinstance(guard, bool):
+            raise ValueError(f"guard={guard!r} is invalid: use true or false")
+        self.guard = guard
         self.max_draft = max_draft
         self.window = window
         self.base_confidence = min_confidence
@@ -107,51 +132,106 @@ class DynamicBudget:
         self.recent: dict[int, deque] = {}
         self.threshold: dict[int, float] = {}
         self.warm: set[str] = set()
+        # throughput guard: recent speculative steps as (tokens per row, wall seconds)
+        self.spec_window: deque[tuple[float, float]] = deque(maxlen=GUARD_WINDOW)
+        self.plain_ratio: deque[float] = deque([1.03], maxlen=16)  # plain step time / its forward time
+        self.hold = 0  # steps of plain decoding left before probing again
+        self.backoff = GUARD_HOLD
+        # acceptance over all rows of recent steps (decayed), overall ("") and per source: the
+        # prior a new row starts from, so a fresh batch does not draft on a fixed guess
+        self.pooled: dict[str, list[float]] = {}
+        # draft availability: of the steps where a row was offered k > 0, in how many did it
+        # get a draft at all (n-gram lookup finds no match on most rows of some workloads)
+        self.hits: dict[int, list[float]] = {}  # request -> [steps with a draft, steps offered]
+        self.pooled_hits = [0.0, 0.0]
+        self.last_k = 0
+        # engine overhead (outside model forwards) per step, relative to t1: a speculative
+        # step does more bookkeeping than a plain one (per-row acceptance, cache rollback),
+        # which at batch 8 is several percent of a step
+        self.overhead: dict[bool, deque[float]] = {False: deque(maxlen=16), True: deque(maxlen=16)}
+        self.spec_overhead = 0.0
 
     def reset(self) -> None:
         self.warm.clear()
         self.per_source.clear()
         self.recent.clear()
         self.threshold.clear()
+        # the guard judges each generation afresh: what lost on one batch of requests may pay on the next
+        self.spec_window.clear()
+        self.hold = 0
+        self.backoff = GUARD_HOLD
+        self.hits.clear()
+        self.last_k = 0
 
     @hookimpl
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
         taus = torch.tensor([self.threshold.get(r, self.base_confidence) for r in ctx.row_ids], device=ctx.device)
-        accs = [h.acceptance() for h in ctx.history]
-        if ctx.deterministic:  # seeded sampling: decide from acceptance only, with the prior costs
-            k = self.best_k(accs, self.prior_draft_cost, self.prior_beta)
+        if ctx.deterministic:  # seeded sampling: decide from the request's own acceptance, fixed priors and costs
+            k = self.best_k([h.acceptance() for h in ctx.history], self.prior_draft_cost, self.prior_beta)
             return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus)
+        self.last_k = 0
         if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
             return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), taus)
-        k = self.best_k(accs, min(self.draft_cost.values(), default=self.prior_draft_cost))
+        if self.hold > 0:  # the guard saw speculation lose: decode plainly for a while
+            self.hold -= 1
+            return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), taus)
+        accs = [h.acceptance(prior=self.pooled_acceptance("")) for h in ctx.history]
+        hits = [self.hit_rate(rid) for rid in ctx.row_ids]
+        k = self.best_k(accs, min(self.draft_cost.values(), default=self.prior_draft_cost), fixed=self.spec_overhead,
+                        hits=hits)
+        self.last_k = k
         by_source: dict[str, list[int]] = {}
         if k:
             for src, cost in self.draft_cost.items():
-                src_accs = [RowHistory(*self.per_source.get((rid, src), (0.0, 0.0))).acceptance() for rid in ctx.row_ids]
-                by_source[src] = [min(k, self.best_k(src_accs, cost))] * B
+                prior = self.pooled_acceptance(src)
+                src_accs = [RowHistory(*self.per_source.get((rid, src), (0.0, 0.0))).acceptance(prior=prior)
+                            for rid in ctx.row_ids]
+                by_source[src] = [min(k, self.best_k(src_accs, cost, fixed=self.spec_overhead, hits=hits))] * B
         return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus, by_source=by_source)
 
-    def best_k(self, accs: list[float] | float, draft_cost: float | None = None, beta: float | None = None) -> int:
+    def hit_rate(self, request: int) -> float:
+        """How often this row got a draft when offered one, starting from the rate pooled
+        over recent steps (itself starting at 0.9)."""
+        pooled = (self.pooled_hits[0] + 0.9 * 2.0) / (self.pooled_hits[1] + 2.0)
+        hit, offered = self.hits.get(request, (0.0, 0.0))
+        return (hit + pooled * 2.0) / (offered + 2.0)
+
+    def pooled_acceptance(self, source: str) -> float:
+        """Acceptance pooled over every row of the recent steps (all sources for ""), with
+        the fixed prior 0.6 (weight 2) until there is evidence."""
+        acc, rej = self.pooled.get(source, (0.0, 0.0))
+        return RowHistory(acc, rej).acceptance()
+
+    def best_k(self, accs: list[float] | float, draft_cost: float | None = None, beta: float | None = None,
+               fixed: float = 0.0, hits: list[float] | None = None) -> int:
         """One draft length for the batch: argmax_k (sum over rows of E[tokens | k]) / cost(k).
 
         Row b with acceptance probability a_b yields 1 + a_b + ... + a_b^k tokens from a
-        verify of k drafts; the step costs 1 + (beta + draft_cost) * k plain steps for the
-        whole batch, since every row waits for the widest verify.  k = 0 yields one token
-        per row at cost 1."""
+        verify of k drafts, or 1 when it gets no draft (``hits[b]``: how often it gets one);
+        the step costs 1 + fixed + (beta + draft_cost) * k plain steps for the whole batch
+        when any row gets a draft, since every row waits for the widest verify (``fixed``:
+        the extra engine overhead of a speculative step), and 1 when none does.  k = 0
+        yields one token per row at cost 1."""
         if isinstance(accs, (int, float)):
             accs = [accs]
         d = self.prior_draft_cost if draft_cost is None else draft_cost
         slope = (self.beta if beta is None else beta) + d
         accs = [min(max(a, 0.0), 0.995) for a in accs]
+        hits = [1.0] * len(accs) if hits is None else hits
+        # the verify is only wider than a plain step when some row gets a draft
+        p_any = 1.0
+        for h in hits:
+            p_any *= 1.0 - min(max(h, 0.0), 1.0)
+        p_any = 1.0 - p_any
         best_k, best = 0, float(len(accs))
         terms = [1.0] * len(accs)
         gain = float(len(accs))
         for k in range(1, self.max_draft + 1):
             for i, a in enumerate(accs):
                 terms[i] *= a
-                gain += terms[i]
-            rate = gain / (1.0 + slope * k)
+                gain += hits[i] * terms[i]
+            rate = gain / (1.0 + p_any * (fixed + slope * k))
             if rate > best * 1.02:  # a 2% margin: don't draft for noise-level gains
                 best_k, best = k, rate
         return best_k
@@ -161,8 +241,26 @@ class DynamicBudget:
         if getattr(event, "kind", None) != "step":
             return
         self._learn_costs(event)
+        self._guard(event)
         # per (request, source) acceptance, decaying towards the prior when unused
+        for counts in self.pooled.values():
+            counts[0] *= POOL_DECAY
+            counts[1] *= POOL_DECAY
+        self.pooled_hits[0] *= POOL_DECAY
+        self.pooled_hits[1] *= POOL_DECAY
         for rid, src, d, a in zip(event.row_ids, event.sources, event.drafted, event.accepted):
+            if self.last_k > 0:  # this row was offered a draft
+                got = 1.0 if d else 0.0
+                row = self.hits.setdefault(rid, [0.0, 0.0])
+                row[0] = row[0] * self.decay + got
+                row[1] = row[1] * self.decay + 1.0
+                self.pooled_hits[0] += got
+                self.pooled_hits[1] += 1.0
+            if d:
+                for key in ("", src):
+                    counts = self.pooled.setdefault(key, [0.0, 0.0])
+                    counts[0] += a
+                    counts[1] += 1.0 if a < d else 0.0
             for s in self.draft_cost:
                 st = self.per_source.setdefault((rid, s), [0.0, 0.0])
                 st[0] *= self.decay
@@ -183,11 +281,40 @@ class DynamicBudget:
                 tau = min(0.9, tau + 0.05)
             self.threshold[rid] = tau
 
+    def _guard(self, event) -> None:
+        """The throughput guard: was the last window of speculative steps slower than
+        plain decoding would have been for the same tokens?"""
+        rows = len(event.row_ids)
+        if not (self.guard and rows) or self.t1 is None:
+            return
+        if event.drafted_max == 0:
+            if event.target_forward_s > 0:
+                self.plain_ratio.append(event.step_time_s / event.target_forward_s)
+            return
+        self.spec_window.append((sum(event.emitted) / rows, event.step_time_s))
+        if len(self.spec_window) < GUARD_WINDOW:
+            return
+        plain_step = self.t1 * median(self.plain_ratio)
+        spent = sum(t for _, t in self.spec_window)
+        plain = sum(n for n, _ in self.spec_window) * plain_step
+        self.spec_window.clear()
+        if spent > plain:
+            self.hold = self.backoff
+            self.backoff = min(2 * self.backoff, GUARD_MAX_HOLD)
+        else:
+            self.backoff = GUARD_HOLD
+
     def _learn_costs(self, event) -> None:
         """Update the cost estimates from one step's measurements."""
         if event.verify_tokens >= 1:
             self.forward_samples.append((event.verify_tokens, event.target_forward_s))
             self._fit_forward_cost()
+        if self.t1:
+            # the draft stage is costed as draft tokens (draft_cost): leave it out here
+            drafting = max(0.0, event.stage_s.get("draft", 0.0) - event.draft_forward_s)
+            self.overhead[event.drafted_max > 0].append(max(0.0, event.overhead_s - drafting) / self.t1)
+            if self.overhead[False] and self.overhead[True]:
+                self.spec_overhead = max(0.0, median(self.overhead[True]) - median(self.overhead[False]))
         used = {s for s, d in zip(event.sources, event.drafted) if d}
         for src, samples in self.draft_samples.items():
             if src not in used:  # an unused drafter drifts back to its best measured cost, so it gets probed again

@@ -77,6 +77,7 @@ def lightspec_register_strategies(register):
             "beta": "initial verify cost slope per token (0.12)",
             "draft_cost": "initial cost of one draft token vs a target step (0.05)",
             "decay": "per-step decay of the acceptance counts (0.9)",
+            "guard": "throughput guard: decode plainly for a while when speculation measured slower (true)",
         },
     )
     register("static", lazy(".budget:StaticBudget"), kind="budget", description="always draft k tokens", params={"k": "draft length (4)"})
