@@ -138,6 +138,25 @@ def test_seeded_sampling_decides_from_acceptance_only():
     assert p.lightspec_budget(ctx(good, deterministic=True)).max_draft.tolist() == first and first[0] > 0
 
 
+def test_seeded_sampling_uses_each_rows_own_record_and_the_drafters_structural_costs():
+    """Timing-free and per row: a seeded row's draft length does not depend on the machine
+    or on the other rows; a drafter that reads half the target per token is not used."""
+    p = DynamicBudget()
+    good, bad = history(accepted=20, rejected=2), history(accepted=0, rejected=20)
+
+    def ks(rows, hints):
+        c = ctx(rows, deterministic=True)
+        c.extras = {"draft_cost_hints": hints}
+        return p.lightspec_budget(c).max_draft.tolist()
+
+    alone = ks([good], {"draft_model": 0.15})[0]
+    assert alone >= 2
+    assert ks([good, bad, bad], {"draft_model": 0.15}) == [alone, 0, 0]
+    mid = history(accepted=6, rejected=4)  # acceptance 0.6
+    assert ks([mid], {"layerskip": 0.55}) == [0] and ks([mid], {"draft_model": 0.15})[0] >= 1
+    assert ks([good], {"ngram": 0.0})[0] >= alone
+
+
 def test_per_source_limits_follow_each_sources_record():
     p = DynamicBudget()
     p.lightspec_on_stats(step(1, T1))

@@ -169,3 +169,25 @@ def test_lean_logits_to_keep_gives_the_last_positions():
         last = BatchedKV(lean_decoder(model), 2, CPU).forward(ids, logits_to_keep=3).logits
     assert last.shape == (2, 3, full.shape[-1])
     torch.testing.assert_close(last, full[:, -3:], rtol=1e-5, atol=1e-5)
+
+
+def test_drafters_estimate_their_cost_from_parameter_counts():
+    """``draft_cost_hints``: the share of the target's parameters one draft token reads
+    (what the seeded-sampling budget uses instead of timings)."""
+    from lightspec_core.model_parts import decoder_layers
+    from lightspec_core.strategies.ngram import NgramDrafter
+
+    def params(m):
+        return sum(p.numel() for p in m.parameters())
+
+    target, draft = build_model("llama"), build_model("llama", layers=1, seed=1)
+    d = ModelDrafter(model=draft)
+    d.setup(_Env(target))
+    assert d.draft_cost_hints() == {"draft_model": pytest.approx(params(draft) / params(target))}
+    skip = LayerSkipDrafter(layers=1)
+    skip.setup(_Env(target))
+    blocks = decoder_layers(target)[1]
+    head = params(target.get_output_embeddings())
+    expected = (params(blocks[0]) + head) / (sum(params(b) for b in blocks) + head)
+    assert skip.draft_cost_hints() == {"layerskip": pytest.approx(expected)}
+    assert NgramDrafter().draft_cost_hints() == {"ngram": 0.0}

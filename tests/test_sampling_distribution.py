@@ -243,11 +243,11 @@ REPRO_PROMPTS = [[5, 17, 33, 5, 17, 33, 5, 17], [9, 8, 7], [40, 41, 42, 43, 44, 
 REPRO_KW = dict(max_new_tokens=12, temperature=1.0, top_p=0.95, ignore_eos=True)
 
 
-def _repro_pipe(strategy):
+def _repro_pipe(strategy, budget="static"):
     target = cached_model("llama")
     return MTPPipeline(target, ToyTokenizer(), strategy=strategy,
-                       draft_model=cached_model("llama", 1, 1) if strategy == "draft_model" else None,
-                       budget={"type": "static", "k": 3})
+                       draft_model=cached_model("llama", 1, 1) if strategy in ("draft_model", "hybrid") else None,
+                       budget={"type": "static", "k": 3} if budget == "static" else budget)
 
 
 @pytest.mark.parametrize("strategy", ["none", "draft_model", "ngram"])
@@ -271,11 +271,14 @@ def test_seeded_runs_are_reproducible(strategy):
 
 
 @pytest.mark.parametrize(
-    "strategy", ["none", "draft_model", "ngram"]
+    "strategy,budget", [("none", "static"), ("draft_model", "static"), ("ngram", "static"),
+                        ("draft_model", "dynamic"), ("hybrid", "dynamic")]
 )
-def test_seeded_request_independent_of_batch(strategy):
-    """verify.py promises: "a seeded request is reproducible whatever else shares its batch"."""
-    pipe = _repro_pipe(strategy)
+def test_seeded_request_independent_of_batch(strategy, budget):
+    """verify.py promises: "a seeded request is reproducible whatever else shares its batch".
+    The dynamic budget keeps that promise by choosing each seeded row's draft length from
+    that row's own record and timing-free costs."""
+    pipe = _repro_pipe(strategy, budget)
     a = pipe.generate(REPRO_PROMPTS, seed=[1, 2, 3], **REPRO_KW)
     for i, s in enumerate([1, 2, 3]):
         alone = pipe.generate([REPRO_PROMPTS[i]], seed=[s], **REPRO_KW)[0]

@@ -130,7 +130,7 @@ class HFMethod:
         with torch.inference_mode():
             self.model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, **self.kwargs)
 
-    def run(self, chunk: list[list[int]], max_new: int, seed: int, record: bool = True) -> None:
+    def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True) -> None:
         res = self.result
         with torch.inference_mode(), PeakRSS(self.device) as mem:
             for p in chunk:  # HF assisted generation is batch-1 only: HF baselines run prompt by prompt
@@ -163,10 +163,10 @@ class LightSpecMethod:
         pipe.bound.sinks.append(self.collect)
 
     def warm_up(self, prompt: list[int]) -> None:
-        self.pipe.generate([prompt], max_new_tokens=4, ignore_eos=True, temperature=self.temperature, seed=0)
+        self.pipe.generate([prompt], max_new_tokens=4, ignore_eos=True, temperature=self.temperature)
         self.steps_log.clear()
 
-    def run(self, chunk: list[list[int]], max_new: int, seed: int, record: bool = True) -> None:
+    def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True) -> None:
         res = self.result
         with PeakRSS(self.pipe.device) as mem:
             _sync(self.pipe.device)
@@ -230,7 +230,7 @@ SUITE_CONFIGS = [(1, 0.0), (8, 0.0), (1, 0.8), (8, 0.8)]  # (batch size, tempera
 
 def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=None, limit=None, max_new_tokens=64,
          batch_size=1, temperature=0.0, hf_lookup_tokens=10, with_hf=True, device=None, dtype=None, json_out=None,
-         md_out=None, lean_target=True, repeat=1):
+         md_out=None, lean_target=True, repeat=1, seed=None):
     import sys
 
     from transformers import AutoTokenizer
@@ -267,7 +267,7 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
             click.echo(f"skipping {name}: {exc}", err=True)
     report = {"command": "lightspec bench", "command_line": "lightspec " + " ".join(sys.argv[1:]), "model": str(model),
               "draft_model": str(draft_model) if draft_model else None, "device": str(dev),
-              "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "repeat": repeat, "machine": machine_info(dev),
+              "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "repeat": repeat, "seed": seed, "machine": machine_info(dev),
               "target_forward": {name: p.engine.target_forward for name, p in pipes.items()}, "runs": []}
     greedy_ref: dict[str, list[list[int]]] = {}  # HF vanilla greedy outputs at batch 1, per workload
     for bs, temp in configs:
@@ -276,7 +276,7 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
             n = max(limit, bs) if suite and limit else len(prompts)
             ids = [tok(p)["input_ids"] for p in prompts[:n]]
             results = run_workload(target, draft, pipes, ids, max_new_tokens, bs, temp, hf_lookup_tokens,
-                                   with_hf, dev, f"{wname} b{bs} t{temp}", repeat)
+                                   with_hf, dev, f"{wname} b{bs} t{temp}", repeat, seed)
             vanilla = next((r for r in results if r.name == "hf_vanilla" and not r.error), None)
             if temp == 0 and bs == 1 and vanilla is not None:
                 greedy_ref[wname] = vanilla.outputs
@@ -305,7 +305,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
     return report
 
 
-def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens, with_hf, dev, label, repeat=1):
+def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens, with_hf, dev, label, repeat=1,
+                 seed=None):
     """Every method on one workload; HF baselines only at batch 1 (assisted generation is batch-1 only).
 
     Methods are interleaved: each batch of prompts is run by every method before the next
@@ -313,7 +314,9 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
     speed during the run (the shared VM's forwards vary by 2x) hits all methods alike
     instead of whichever happened to run then.  ``repeat`` runs every batch that many
     times (tokens/s over all of them; outputs kept from the first), which a workload that
-    is one batch of 8 needs to average out that noise."""
+    is one batch of 8 needs to average out that noise.  ``seed``: seed LightSpec's sampled
+    runs (seeded requests use the budget's reproducible, timing-free policy); by default
+    they are unseeded, as requests usually are."""
     from tqdm import tqdm
 
     methods: list = []
@@ -341,7 +344,7 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
             for m in order:
                 if m.result.name not in failed:
                     try:
-                        m.run(chunk, max_new, seed=c * bs, record=r == 0)
+                        m.run(chunk, max_new, seed=None if seed is None else seed + c * bs, record=r == 0)
                     except Exception as exc:
                         failed[m.result.name] = f"{type(exc).__name__}: {exc}"
                 bar.update(len(chunk))

@@ -167,9 +167,8 @@ class DynamicBudget:
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
         taus = torch.tensor([self.threshold.get(r, self.base_confidence) for r in ctx.row_ids], device=ctx.device)
-        if ctx.deterministic:  # seeded sampling: decide from the request's own acceptance, fixed priors and costs
-            k = self.best_k([h.acceptance() for h in ctx.history], self.prior_draft_cost, self.prior_beta)
-            return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus)
+        if ctx.deterministic:
+            return self._reproducible(ctx, taus)
         self.last_k = 0
         if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
             return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), taus)
@@ -189,6 +188,22 @@ class DynamicBudget:
                             for rid in ctx.row_ids]
                 by_source[src] = [min(k, self.best_k(src_accs, cost, fixed=self.spec_overhead, hits=hits))] * B
         return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus, by_source=by_source)
+
+    def _reproducible(self, ctx: StepContext, taus: torch.Tensor) -> Budget:
+        """Seeded sampling: each row's k from its own acceptance and timing-free costs (the
+        drafters' structural ``draft_cost_hints`` and the prior beta), so that a seeded
+        request gets the same draft lengths, hence the same output, in every run and
+        whatever shares its batch."""
+        hints = (ctx.extras or {}).get("draft_cost_hints") or {}
+        cheapest = min(hints.values(), default=self.prior_draft_cost)
+        ks = [self.best_k(h.acceptance(), cheapest, self.prior_beta) for h in ctx.history]
+        by_source = {}
+        if any(ks):
+            for src, cost in hints.items():
+                by_source[src] = [min(k, self.best_k(RowHistory(*self.per_source.get((rid, src), (0.0, 0.0))).acceptance(),
+                                                     cost, self.prior_beta))
+                                  for k, rid in zip(ks, ctx.row_ids)]
+        return Budget(torch.tensor(ks, dtype=torch.long, device=ctx.device), taus, by_source=by_source)
 
     def hit_rate(self, request: int) -> float:
         """How often this row got a draft when offered one, starting from the rate pooled

@@ -237,6 +237,8 @@ def strategies(as_json):
 @click.option("--no-hf", is_flag=True, help="Skip the HF transformers baselines.")
 @click.option("--device", default=None)
 @click.option("--dtype", default=None)
+@click.option("--seed", type=int, default=None,
+              help="Seed LightSpec's sampled runs (seeded requests use the reproducible budget policy); default unseeded.")
 @click.option("--repeat", type=int, default=1, show_default=True,
               help="Run every batch of prompts this many times, interleaved (steadier ratios on a noisy machine).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (1 gives the steadiest timings on a shared CPU).")
@@ -245,7 +247,7 @@ def strategies(as_json):
 @click.option("--lean-target/--hf-target", default=True, show_default=True,
               help="Run the target through LightSpec's exact lean forward when it reproduces HF's bit for bit (Llama family); --hf-target forces HF's forward.")
 def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_tokens, batch_size, temperature,
-          hf_lookup_tokens, no_hf, device, dtype, repeat, threads, json_out, md_out, lean_target):
+          hf_lookup_tokens, no_hf, device, dtype, seed, repeat, threads, json_out, md_out, lean_target):
     """Compare LightSpec strategies with HF transformers generate on the same prompts."""
     from . import bench as bench_mod
 
@@ -259,7 +261,7 @@ def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_t
     bench_mod.main(model=model, strategies=list(strategies_), draft_model=draft_model, prompts_file=prompts_file,
                    suite=suite, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size,
                    temperature=temperature, hf_lookup_tokens=hf_lookup_tokens, with_hf=not no_hf, device=device,
-                   dtype=dtype, json_out=json_out, md_out=md_out, lean_target=lean_target, repeat=repeat)
+                   dtype=dtype, json_out=json_out, md_out=md_out, lean_target=lean_target, repeat=repeat, seed=seed)
 
 
 def main(argv=None) -> int:

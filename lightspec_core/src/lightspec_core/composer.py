@@ -143,6 +143,14 @@ class Combination:
             if hasattr(c, "setup"):
                 c.setup(env)
 
+    def draft_cost_hints(self) -> dict[str, float]:
+        """The components' structural draft-cost estimates (see ``ModelDrafter.draft_cost_hints``)."""
+        hints: dict[str, float] = {}
+        for c in self.components:
+            if hasattr(c, "draft_cost_hints"):
+                hints.update(c.draft_cost_hints())
+        return hints
+
     def reset(self) -> None:
         self.rates.clear()
         for c in self.components:

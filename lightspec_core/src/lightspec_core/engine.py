@@ -194,7 +194,7 @@ class Engine:
                 hidden_states=hidden,
                 hidden_positions=hidden_valid,
                 deterministic=deterministic,
-                extras={"target_kv": kv},
+                extras={"target_kv": kv, "draft_cost_hints": self._cost_hints()},
             )
             # 1. budget (never draft past a row's max_new_tokens)
             failure = None
@@ -333,6 +333,11 @@ class Engine:
                     hidden = {k: v.index_select(0, keep) for k, v in hidden.items()}
                     hidden_valid = hidden_valid.index_select(0, keep)
             active = still
+
+    def _cost_hints(self) -> dict[str, float]:
+        strategy = self.bound.components[0] if self.bound.components else None
+        hints = getattr(strategy, "draft_cost_hints", None)
+        return hints() if callable(hints) else {}
 
     def _check_proposal(self, p: DraftProposal, batch: int, limits: list[int]) -> DraftProposal:
         """Validate a proposal; return it with its padding (beyond each row's length) zeroed."""

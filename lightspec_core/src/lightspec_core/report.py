@@ -19,6 +19,7 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
         f"- device: {report['device']} ({m.get('gpu') or m['platform']}, {m['threads']} threads), dtype {report['dtype']}",
         f"- python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         f"- max new tokens {report['max_new_tokens']}; every batch run {report.get('repeat', 1)}× (interleaved); "
+        f"sampled runs {'seeded from ' + str(report['seed']) if report.get('seed') is not None else 'unseeded'}; "
         "greedy outputs are compared with HF vanilla greedy at batch 1 (batched runs: on the prompts the batch-1 runs had)",
     ]
     forwards = sorted(set((report.get("target_forward") or {}).values()))

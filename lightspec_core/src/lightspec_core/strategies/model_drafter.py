@@ -25,7 +25,7 @@ from ..hookspecs import hookimpl
 from ..interfaces import DraftProposal, StepContext
 from ..kvcache import BatchedKV, SlabLayer, takes_logits_to_keep
 from ..lean_decoder import LeanDecoder, lean_decoder
-from ..model_parts import early_exit_view, num_layers
+from ..model_parts import decoder_layers, early_exit_view, num_layers
 from ..sampling import warp_logits
 
 TOKEN_MAP_FILE = "token_map.json"
@@ -42,6 +42,10 @@ def read_token_map(path: Path, vocab: int) -> torch.Tensor:
     if not (isinstance(ids, list) and ids and all(isinstance(i, int) and 0 <= i < vocab for i in ids)):
         raise ValueError(f"token map {path}: expected a non-empty list 'token_ids' of integers in 0..{vocab - 1}")
     return torch.tensor(ids, dtype=torch.long)
+
+
+def _params(module) -> int:
+    return sum(p.numel() for p in module.parameters())
 
 
 class ModelDrafter:
@@ -65,6 +69,7 @@ class ModelDrafter:
         self.lean = lean
         self.token_map = token_map
         self.hot: torch.Tensor | None = None  # [n] the token map's ids, when one applies
+        self.cost_hint = 0.1  # set in setup from parameter counts
         self.runner = None  # what draft forwards call: a LeanDecoder or the model itself
         self.kv: BatchedKV | None = None
 
@@ -82,6 +87,7 @@ class ModelDrafter:
         self.keeps_logits = takes_logits_to_keep(self.runner)
         self._check_vocab(env)
         self._load_token_map(self.model)
+        self.cost_hint = _params(self.model) / max(1, _params(env.target))
 
     def _load_token_map(self, model) -> None:
         """``token_map``: 'auto' uses ``token_map.json`` from the drafting model's folder
@@ -122,6 +128,12 @@ class ModelDrafter:
 
     def reset(self) -> None:
         self.kv = None
+
+    def draft_cost_hints(self) -> dict[str, float]:
+        """A structural estimate of what one draft token costs relative to a target step:
+        the share of the target's parameters a draft forward reads.  Timing-free, so the
+        budget can use it where decisions must be reproducible (seeded sampling)."""
+        return {self.name: self.cost_hint}
 
     # -- drafting -------------------------------------------------------------------------
 
@@ -280,6 +292,10 @@ class LayerSkipDrafter(ModelDrafter):
         self.model = early_exit_view(self.target, n)
         self.runner = (lean_decoder(self.target, n) if self.lean else None) or self.model
         self.keeps_logits = takes_logits_to_keep(self.runner)
+        blocks = decoder_layers(self.target)[1]
+        block_params = [_params(b) for b in blocks]
+        head = _params(self.target.get_output_embeddings())
+        self.cost_hint = (sum(block_params[:n]) + head) / max(1, sum(block_params) + head)
 
     def _sync(self, ctx: StepContext) -> torch.Tensor:
         # The draft's blocks are the target's first L blocks, so their keys and values for the

@@ -30,6 +30,9 @@ class NgramDrafter:
     def reset(self) -> None:
         self.indexes = {}
 
+    def draft_cost_hints(self) -> dict[str, float]:
+        return {self.name: 0.0}  # a dictionary lookup: no model forward
+
     @hookimpl
     def lightspec_propose(self, ctx: StepContext) -> DraftProposal | None:
         B = ctx.batch
