@@ -208,9 +208,11 @@ class DynamicBudget:
     def hit_rate(self, request: int) -> float:
         """How often this row got a draft when offered one, starting from the rate pooled
         over recent steps (itself starting at 0.9)."""
-        pooled = (self.pooled_hits[0] + 0.9 * 2.0) / (self.pooled_hits[1] + 2.0)
+        # the same estimate as acceptance: successes (a draft) against failures (none)
+        hit, offered = self.pooled_hits
+        pooled = RowHistory(hit, offered - hit).acceptance(prior=0.9)
         hit, offered = self.hits.get(request, (0.0, 0.0))
-        return (hit + pooled * 2.0) / (offered + 2.0)
+        return RowHistory(hit, offered - hit).acceptance(prior=pooled)
 
     def pooled_acceptance(self, source: str) -> float:
         """Acceptance pooled over every row of the recent steps (all sources for ""), with
