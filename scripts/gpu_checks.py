@@ -5,6 +5,8 @@
 
 fp32 must be token-identical; in bf16 a k-token verify forward and a 1-token forward can
 round differently and flip a near-tied argmax, so bf16 mismatches are reported, not failed.
+Each row also says which target forward ran (``lean`` when the load-time probe found the
+lean forward bit-for-bit equal to HF's on this GPU and dtype, else ``hf``).
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def main():
                         rows.append(dict(dtype=str(dtype).replace("torch.", ""), arch=arch, strategy=strat,
                                          budget="static4" if static else "dynamic", batch=bs, identical=same,
                                          total=len(prompts), accepted_in_last_batch=acc,
+                                         target_forward=pipe.engine.target_forward,
                                          seconds=round(time.perf_counter() - t0, 3)))
                         print(json.dumps(rows[-1]), flush=True)
     summary = {}
