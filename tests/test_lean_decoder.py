@@ -46,6 +46,39 @@ def test_lean_forward_matches_hf(arch):
         torch.testing.assert_close(g[valid], r[valid], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
+@pytest.mark.parametrize("fuse", [False, True])
+def test_fast_draft_forward_matches_hf_up_to_rounding(arch, fuse):
+    """``exact=False`` (drafts): fused norms, a cos/sin table, optionally fused q/k/v and
+    gate/up matmuls; the same logits up to float rounding, through holes and rollbacks,
+    early exit included, and past the table's first size (positions grow it)."""
+    model = build_model(arch)
+    fast = lean_decoder(model, exact=False, fuse=fuse)
+    assert fast is not None and not fast.exact
+    with torch.no_grad():
+        ref = _steps(BatchedKV(model, 3, CPU))
+        got = _steps(BatchedKV(fast, 3, CPU))
+        for (r, valid), (g, _) in zip(ref, got):
+            assert g.shape == r.shape
+            torch.testing.assert_close(g[valid], r[valid], rtol=1e-4, atol=1e-4)
+        long_ids = torch.randint(3, 500, (1, 300), generator=torch.Generator().manual_seed(1))
+        r = BatchedKV(model, 1, CPU).forward(long_ids).logits
+        g = BatchedKV(lean_decoder(model, exact=False, fuse=fuse), 1, CPU).forward(long_ids).logits
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+    from lightspec_core.model_parts import early_exit_view
+
+    with torch.no_grad():
+        ref = _steps(BatchedKV(early_exit_view(model, 1), 3, CPU))
+        got = _steps(BatchedKV(lean_decoder(model, 1, exact=False, fuse=fuse), 3, CPU))
+    for (r, valid), (g, _) in zip(ref, got):
+        torch.testing.assert_close(g[valid], r[valid], rtol=1e-4, atol=1e-4)
+
+
+def test_fuse_needs_the_inexact_forward():
+    with pytest.raises(ValueError, match="fuse=True changes the rounding"):
+        lean_decoder(build_model("llama"), fuse=True)
+
+
 def test_lean_forward_early_exit_matches_the_first_layers():
     """``num_layers=n``: the first n blocks, then the final norm and lm_head."""
     from lightspec_core.model_parts import early_exit_view

@@ -30,6 +30,15 @@ The call signature is the subset of an HF causal LM's ``forward`` that
 
 It returns an object whose ``logits`` are ``[B, q, V]``.  ``capture(layer_ids)``
 records hidden states on every forward, numbered like ``model_parts.HiddenCapture``.
+
+``exact=False`` (what drafters use) trades HF's op-for-op rounding for fewer operations:
+a draft forward of a small model is dispatch-bound (the zoo draft runs about 120 tensor
+ops per token for 5 MFLOP of work), so it takes RMSNorm as one ``F.rms_norm``, cos/sin
+from a table indexed by position instead of recomputing them, q and k rotated together,
+and, with ``fuse=True``, one matmul for q/k/v and one for gate/up (concatenated copies of
+those weights: extra memory, so layer skip, whose blocks are the target's, does not fuse).
+The logits differ from HF's in the last bits only; a draft may round differently because
+the target verifies every token it proposes.
 """
 
 from __future__ import annotations
@@ -77,11 +86,14 @@ class _Block:
                    getattr(a, "q_norm", None), getattr(a, "k_norm", None))
 
 
-def lean_decoder(model: nn.Module, num_layers: int | None = None) -> LeanDecoder | None:
-    """A ``LeanDecoder`` over ``model``'s weights (shared, not copied), or ``None`` when
-    the architecture is not one this module implements exactly.
+def lean_decoder(model: nn.Module, num_layers: int | None = None, exact: bool = True,
+                 fuse: bool = False) -> LeanDecoder | None:
+    """A ``LeanDecoder`` over ``model``'s weights (shared, not copied unless ``fuse``), or
+    ``None`` when the architecture is not one this module implements exactly.
 
-    ``num_layers``: use only the first n blocks (self-speculation with early exit)."""
+    ``num_layers``: use only the first n blocks (self-speculation with early exit).
+    ``exact=False``: the faster forward for drafts (module docstring); ``fuse`` (only with
+    ``exact=False``) also concatenates the q/k/v and gate/up weights."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED:
         return None
@@ -102,13 +114,15 @@ def lean_decoder(model: nn.Module, num_layers: int | None = None) -> LeanDecoder
     n = len(inner.layers) if num_layers is None else num_layers
     if not 1 <= n <= len(inner.layers):
         raise ValueError(f"num_layers={num_layers} is invalid: use 1..{len(inner.layers)} for this model")
-    return LeanDecoder(model, n)
+    if fuse and exact:
+        raise ValueError("fuse=True changes the rounding: it needs exact=False")
+    return LeanDecoder(model, n, exact=exact, fuse=fuse)
 
 
 class LeanDecoder:
     """The first ``num_layers`` blocks of a Llama-family model, final norm and lm_head."""
 
-    def __init__(self, model: nn.Module, num_layers: int):
+    def __init__(self, model: nn.Module, num_layers: int, exact: bool = True, fuse: bool = False):
         inner = model.model
         cfg = model.config
         self.config = cfg
@@ -127,6 +141,15 @@ class LeanDecoder:
         self.vocab = self.head.weight.shape[0]
         self.out_ids: torch.Tensor | None = None  # [n]: restrict_vocab's token ids
         self.out_weight: torch.Tensor | None = None  # [n, H]: their lm_head rows
+        self.exact = exact
+        self.hidden = cfg.hidden_size
+        self.fused = [_Fused.of(blk) for blk in self.blocks] if fuse else None
+        # exact=False: cos/sin per position, computed by the model's own rotary module once
+        # (None when the rotary embedding depends on the sequence length: "dynamic" scaling)
+        rope_type = str(getattr(self.rotary, "rope_type", "default"))
+        self.rope_table = not exact and "dynamic" not in rope_type and "longrope" not in rope_type
+        self.cos_table: torch.Tensor | None = None  # [N, D]
+        self.sin_table: torch.Tensor | None = None
 
     def restrict_vocab(self, token_ids: torch.Tensor | None) -> None:
         """Compute logits only for ``token_ids [n]`` (int64); every other logit is -inf.
@@ -156,6 +179,8 @@ class LeanDecoder:
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache=None, use_cache: bool = True, logits_to_keep: int = 0, **_ignored) -> LeanOutput:
+        if not self.exact:
+            return self._forward_fast(input_ids, position_ids, attention_mask, cache, logits_to_keep)
         B, q = input_ids.shape
         D = self.head_dim
         h = F.embedding(input_ids, self.embed.weight)
@@ -183,6 +208,12 @@ class LeanDecoder:
         h = _rms(self.norm, h)
         if len(self.layers) in self.record:
             self.states[len(self.layers)] = h
+        return self._logits(h, logits_to_keep)
+
+    __call__ = forward
+
+    def _logits(self, h: torch.Tensor, logits_to_keep: int) -> LeanOutput:
+        """Final hidden states ``[B, q, H]`` → logits ``[B, q or logits_to_keep, V]``."""
         if logits_to_keep:  # as HF: logits of the last n positions only
             h = h[:, -logits_to_keep:]
         if self.out_ids is None:
@@ -191,6 +222,59 @@ class LeanDecoder:
         logits = part.new_full((*part.shape[:-1], self.vocab), float("-inf"))
         logits[..., self.out_ids] = part
         return LeanOutput(logits=logits)
+
+    def _forward_fast(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                      cache, logits_to_keep: int) -> LeanOutput:
+        """The ``exact=False`` forward: same arguments and results up to rounding, fewer ops."""
+        B, q = input_ids.shape
+        D, H, Hkv = self.head_dim, self.n_heads, self.n_kv
+        h = F.embedding(input_ids, self.embed.weight)
+        cos, sin = self._cos_sin(h, position_ids)  # [B, 1, q, D]
+        mask = None
+        for i, blk in enumerate(self.blocks):
+            if i in self.record:
+                self.states[i] = h
+            x = F.rms_norm(h, (self.hidden,), blk.ln1.weight, _eps(blk.ln1))
+            if self.fused is not None:
+                qkv = F.linear(x, *self.fused[i].qkv).view(B, q, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, q, D]
+                qk, vs = qkv[:, : H + Hkv], qkv[:, H + Hkv :]
+            else:
+                qk = torch.cat([F.linear(x, *blk.q).view(B, q, H, D), F.linear(x, *blk.k).view(B, q, Hkv, D)], dim=2)
+                qk = qk.transpose(1, 2)
+                vs = F.linear(x, *blk.v).view(B, q, Hkv, D).transpose(1, 2)
+            if blk.q_norm is not None:  # qwen3: per-head norms, different for q and k
+                qk = torch.cat([F.rms_norm(qk[:, :H], (D,), blk.q_norm.weight, _eps(blk.q_norm)),
+                                F.rms_norm(qk[:, H:], (D,), blk.k_norm.weight, _eps(blk.k_norm))], dim=1)
+            qk = _rotate(qk, cos, sin)  # q and k heads in one go
+            qs, ks = qk[:, :H], qk[:, H:]
+            keys, values = cache.update(ks, vs, i)
+            if mask is None and (attention_mask is not None or q > 1):
+                mask = _mask(attention_mask, B, q, keys.shape[2], h.device)
+            o = self._attend(qs, keys, values, mask)
+            h = h + F.linear(o.transpose(1, 2).reshape(B, q, -1), *blk.o)
+            x = F.rms_norm(h, (self.hidden,), blk.ln2.weight, _eps(blk.ln2))
+            if self.fused is not None:
+                gate, up = F.linear(x, *self.fused[i].gate_up).chunk(2, dim=-1)
+            else:
+                gate, up = F.linear(x, *blk.gate), F.linear(x, *blk.up)
+            h = h + F.linear(F.silu(gate) * up, *blk.down)
+        h = F.rms_norm(h, (self.hidden,), self.norm.weight, _eps(self.norm))
+        if len(self.layers) in self.record:
+            self.states[len(self.layers)] = h
+        return self._logits(h, logits_to_keep)
+
+    def _cos_sin(self, h: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[B, 1, q, D]`` for ``position_ids [B, q]``, from the table (grown by
+        doubling) or, for sequence-length-dependent rotary scaling, from the rotary module."""
+        if not self.rope_table:
+            cos, sin = self.rotary(h, position_ids)
+            return cos[:, None], sin[:, None]
+        need = int(position_ids.max()) + 1
+        if self.cos_table is None or self.cos_table.shape[0] < need or self.cos_table.device != h.device:
+            n = max(need, 2 * (0 if self.cos_table is None else self.cos_table.shape[0]), 256)
+            cos, sin = self.rotary(h, torch.arange(n, device=h.device)[None])
+            self.cos_table, self.sin_table = cos[0], sin[0]
+        return self.cos_table[position_ids][:, None], self.sin_table[position_ids][:, None]
 
     __call__ = forward
 
@@ -244,10 +328,34 @@ def exact_lean_target(model: nn.Module) -> LeanDecoder | None:
     return lean
 
 
+@dataclass
+class _Fused:
+    """``fuse=True``: a block's q/k/v and gate/up projections as one matmul each."""
+
+    qkv: tuple  # (weight [(H + 2 H_kv) D, hidden], bias or None)
+    gate_up: tuple  # (weight [2 I, hidden], bias or None)
+
+    @classmethod
+    def of(cls, blk: _Block) -> "_Fused":
+        def cat(*pairs):
+            weight = torch.cat([w for w, _ in pairs]).detach()
+            biases = [b for _, b in pairs]
+            if all(b is None for b in biases):
+                return weight, None
+            bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs]).detach()
+            return weight, bias
+
+        return cls(cat(blk.q, blk.k, blk.v), cat(blk.gate, blk.up))
+
+
+def _eps(norm: nn.Module) -> float:
+    return getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+
+
 def _rms(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """RMSNorm as the Llama family's HF modules compute it, op for op (in float32, the
     weight applied after the cast back), so that the rounding is theirs in every dtype."""
-    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+    eps = _eps(norm)
     dtype = x.dtype
     h = x if dtype == torch.float32 else x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)

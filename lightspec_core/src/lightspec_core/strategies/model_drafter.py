@@ -83,7 +83,8 @@ class ModelDrafter:
 
                 raise LightSpecError("strategy 'draft_model' needs a draft model: pass --draft-model PATH (or draft_model=...)")
             self.model = env.load_draft_model()
-        self.runner = (lean_decoder(self.model) if self.lean else None) or self.model
+        # a draft need not round like HF (the target verifies it): the faster inexact forward
+        self.runner = (lean_decoder(self.model, exact=False, fuse=True) if self.lean else None) or self.model
         self.keeps_logits = takes_logits_to_keep(self.runner)
         self._check_vocab(env)
         self._load_token_map(self.model)
@@ -290,7 +291,8 @@ class LayerSkipDrafter(ModelDrafter):
     def _use_layers(self, n: int) -> None:
         self.layers = n
         self.model = early_exit_view(self.target, n)
-        self.runner = (lean_decoder(self.target, n) if self.lean else None) or self.model
+        # the target's own blocks: not fused (that would copy the target's weights)
+        self.runner = (lean_decoder(self.target, n, exact=False) if self.lean else None) or self.model
         self.keeps_logits = takes_logits_to_keep(self.runner)
         blocks = decoder_layers(self.target)[1]
         block_params = [_params(b) for b in blocks]
