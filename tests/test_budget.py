@@ -70,6 +70,24 @@ def test_learns_the_verify_slope_and_the_draft_cost():
     assert p.t1 == pytest.approx(T1, rel=0.05)
 
 
+def test_a_draft_costs_a_fixed_part_plus_a_part_per_token():
+    """A model drafter's first forward also catches its cache up (measured on the zoo
+    draft: 0.13 of a target step per draft, plus 0.17 per token).  Charging all of a
+    one-token draft per token would make every longer draft look too dear; the line
+    through the draft lengths seen separates the two, and the policy drafts deeper."""
+    p = DynamicBudget(beta=0.1, draft_cost=0.05)
+    p.lightspec_on_stats(step(1, T1))
+    p.lightspec_on_stats(step(2, T1 * 1.1, drafted=(1,), accepted=(1,), draft_s=T1))  # warm-up
+    for i in range(16):
+        k = 1 + i % 3
+        p.lightspec_on_stats(step(k + 1, T1 * (1 + 0.1 * k), drafted=(k,), accepted=(k,), draft_s=(0.13 + 0.17 * k) * T1))
+    assert p.draft_fixed["draft_model"] == pytest.approx(0.13, abs=0.01)
+    assert p.draft_cost["draft_model"] == pytest.approx(0.17, abs=0.01)
+    row = [history(accepted=7, rejected=3)]  # acceptance 0.7
+    per_token_only = DynamicBudget().best_k(row[0].acceptance(), 0.30, 0.1)  # a one-token draft's cost, all per token
+    assert k_of(p, row)[0] > per_token_only >= 1
+
+
 def test_one_slow_step_does_not_switch_speculation_off():
     p = DynamicBudget()
     good = [history(accepted=20, rejected=4)]

@@ -4,8 +4,10 @@
 counts of accepted draft tokens and of rejections, which estimate the per-token
 acceptance probability a (a geometric model: a verify of k drafts yields
 1 + a + ... + a^k tokens).  It learns online, from the step statistics, what a verify
-over q tokens costs relative to a plain step (``1 + beta * (q - 1)``) and what one draft
-token costs (``d``), and picks the draft length that maximises tokens per unit of time.
+over q tokens costs relative to a plain step (``1 + beta * (q - 1)``) and what a draft of
+k tokens costs (``f + d * k``: a model drafter's first forward also catches its cache up
+with the tokens accepted since its last draft, so one token costs more than each next
+one), and picks the draft length that maximises tokens per unit of time.
 k = 0 means plain decoding: speculation backs off where it does not pay.
 
 A row's expected gain also counts how often it gets a draft at all when offered one (an
@@ -20,10 +22,10 @@ moves by 2x between identical calls):
 
 * costs come from medians over a window of recent steps: the verify cost is a line
   fitted through the median forward time of each verify width seen in the last 32
-  steps, the draft cost the median of the last 16 measurements; one slow step does
-  not switch speculation off;
+  steps, a drafter's cost a line through the median time of each draft length in its
+  last 16 measurements; one slow step does not switch speculation off;
 * an estimate that is not being measured drifts back: an unused drafter's cost towards
-  the lowest median measured for it (its prior until 8 measurements exist) by one
+  the cheapest line measured for it (its prior until 8 measurements exist) by one
   sample per step, beta towards its prior by 10% per step once only plain steps remain
   in the window.  A policy that backed off because of acceptance or a slow period
   therefore probes again (after 9 to about 40 plain steps) instead of staying off for
@@ -122,11 +124,13 @@ class DynamicBudget:
         # cost windows: (verify tokens, seconds) of recent target forwards, and per source
         # the cost of one draft token relative to a plain step (its median is the estimate)
         self.forward_samples: deque[tuple[int, float]] = deque(maxlen=32)
-        self.draft_samples: dict[str, deque[float]] = {}
+        self.draft_samples: dict[str, deque[tuple[int, float]]] = {}  # (tokens drafted, cost relative to t1)
         self.t1: float | None = None
         self.beta = beta
-        self.draft_cost: dict[str, float] = {}
-        self.draft_floor: dict[str, float] = {}  # per source: the lowest median cost measured (after 8 measurements)
+        self.draft_cost: dict[str, float] = {}  # per source: d, the cost of each draft token
+        self.draft_fixed: dict[str, float] = {}  # per source: f, the cost of drafting at all
+        self.draft_floor: dict[str, tuple[float, float]] = {}  # per source: the cheapest (f, d) fitted (after 8 measurements)
+        self.last_drafted: dict[str, int] = {}
         self.measured: dict[str, int] = {}
         self.per_source: dict[tuple[int, str], list[float]] = {}  # (request, source) -> [accepted, rejected]
         self.recent: dict[int, deque] = {}
@@ -177,8 +181,11 @@ class DynamicBudget:
             return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), taus)
         accs = [h.acceptance(prior=self.pooled_acceptance("")) for h in ctx.history]
         hits = [self.hit_rate(rid) for rid in ctx.row_ids]
-        k = self.best_k(accs, min(self.draft_cost.values(), default=self.prior_draft_cost), fixed=self.spec_overhead,
-                        hits=hits)
+        # the cheapest drafter (by the cost of a one-token draft) decides whether to draft at all
+        cheapest = min(self.draft_cost, key=lambda s: self.draft_fixed.get(s, 0.0) + self.draft_cost[s], default=None)
+        d = self.prior_draft_cost if cheapest is None else self.draft_cost[cheapest]
+        f = 0.0 if cheapest is None else self.draft_fixed.get(cheapest, 0.0)
+        k = self.best_k(accs, d, fixed=self.spec_overhead + f, hits=hits)
         self.last_k = k
         by_source: dict[str, list[int]] = {}
         if k:
@@ -186,7 +193,8 @@ class DynamicBudget:
                 prior = self.pooled_acceptance(src)
                 src_accs = [RowHistory(*self.per_source.get((rid, src), (0.0, 0.0))).acceptance(prior=prior)
                             for rid in ctx.row_ids]
-                by_source[src] = [min(k, self.best_k(src_accs, cost, fixed=self.spec_overhead, hits=hits))] * B
+                fixed = self.spec_overhead + self.draft_fixed.get(src, 0.0)
+                by_source[src] = [min(k, self.best_k(src_accs, cost, fixed=fixed, hits=hits))] * B
         return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus, by_source=by_source)
 
     def _reproducible(self, ctx: StepContext, taus: torch.Tensor) -> Budget:
@@ -228,7 +236,8 @@ class DynamicBudget:
         verify of k drafts, or 1 when it gets no draft (``hits[b]``: how often it gets one);
         the step costs 1 + fixed + (beta + draft_cost) * k plain steps for the whole batch
         when any row gets a draft, since every row waits for the widest verify (``fixed``:
-        the extra engine overhead of a speculative step), and 1 when none does.  k = 0
+        the extra engine overhead of a speculative step plus the drafter's per-draft cost),
+        and 1 when none does.  k = 0
         yields one token per row at cost 1."""
         if isinstance(accs, (int, float)):
             accs = [accs]
@@ -334,25 +343,52 @@ class DynamicBudget:
                 self.spec_overhead = max(0.0, median(self.overhead[True]) - median(self.overhead[False]))
         used = {s for s, d in zip(event.sources, event.drafted) if d}
         for src, samples in self.draft_samples.items():
-            if src not in used:  # an unused drafter drifts back to its best measured cost, so it gets probed again
-                samples.append(self.draft_floor.get(src, self.prior_draft_cost))
-                self.draft_cost[src] = median(samples)
+            if src not in used:  # an unused drafter drifts back to its cheapest measured cost, so it gets probed again
+                f, d = self.draft_floor.get(src, (0.0, self.prior_draft_cost))
+                k = self.last_drafted.get(src, 1)
+                samples.append((k, f + d * k))
+                self._fit_draft_cost(src)
         if not (self.t1 and len(used) == 1 and event.drafted_max > 0):
             return
         src = used.pop()
         if src not in self.warm:  # a drafter's first step also fills its own cache: not a typical cost
             self.warm.add(src)
-            self.draft_samples.setdefault(src, deque([self.prior_draft_cost], maxlen=16))
+            self.draft_samples.setdefault(src, deque([(1, self.prior_draft_cost)], maxlen=16))
             self.draft_cost.setdefault(src, self.prior_draft_cost)
+            self.draft_fixed.setdefault(src, 0.0)
             return
         # model drafters report their forward time; for model-free drafters the draft stage is the cost
         spent = event.draft_forward_s - event.draft_setup_s if event.draft_forward_s > 0 else event.stage_s.get("draft", 0.0)
+        k = event.drafted_max
         samples = self.draft_samples.setdefault(src, deque(maxlen=16))
-        samples.append(min(spent / event.drafted_max / self.t1, 3.0))
-        self.draft_cost[src] = median(samples)
+        samples.append((k, min(spent / self.t1, 3.0 * k)))
+        self.last_drafted[src] = k
+        self._fit_draft_cost(src)
         self.measured[src] = self.measured.get(src, 0) + 1
-        if self.measured[src] >= 8:  # a drafter's cost is structural: remember the cheapest window seen
-            self.draft_floor[src] = min(self.draft_floor.get(src, float("inf")), self.draft_cost[src])
+        if self.measured[src] >= 8:  # a drafter's cost is structural: remember the cheapest line seen (at k = 2)
+            f, d = self.draft_fixed[src], self.draft_cost[src]
+            old = self.draft_floor.get(src)
+            if old is None or f + 2 * d < old[0] + 2 * old[1]:
+                self.draft_floor[src] = (f, d)
+
+    def _fit_draft_cost(self, src: str) -> None:
+        """``f + d * k`` through the median cost of each draft length k in the source's
+        window (least squares, weighted by how often each k occurred).  With one length
+        only, or a line that would make drafting free, all of it is charged per token."""
+        by_k: dict[int, list[float]] = {}
+        for k, c in self.draft_samples[src]:
+            by_k.setdefault(k, []).append(c)
+        pts = [(k, median(cs), len(cs)) for k, cs in by_k.items()]
+        w = sum(n for _, _, n in pts)
+        fixed, per = 0.0, sum(n * y for _, y, n in pts) / sum(n * x for x, _, n in pts)
+        if len(pts) >= 2:
+            xm = sum(x * n for x, _, n in pts) / w
+            ym = sum(y * n for _, y, n in pts) / w
+            sxx = sum(n * (x - xm) ** 2 for x, _, n in pts)
+            slope = sum(n * (x - xm) * (y - ym) for x, y, n in pts) / sxx
+            if slope > 0 and ym - slope * xm >= 0:
+                fixed, per = ym - slope * xm, slope
+        self.draft_fixed[src], self.draft_cost[src] = fixed, per
 
     def _fit_forward_cost(self) -> None:
         """Fit ``t(q) = t1 * (1 + beta * (q - 1))`` to the window: the median time of each
