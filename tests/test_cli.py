@@ -35,6 +35,7 @@ def model_dir(tmp_path_factory):
         (["run", "--dtype", "int3"], "dtype='int3' is invalid"),
         (["bench", "--suite", "weird"], "--suite 'weird' is unknown"),
         (["bench", "--suite", "default", "--repeat", "0"], "--repeat 0 is invalid"),
+        (["bench", "--suite", "default", "--batch-repeat", "0"], "--batch-repeat 0 is invalid"),
     ],
 )
 def test_cli_errors_are_one_line(args, needle, capsys, model_dir):
@@ -118,3 +119,22 @@ def test_cli_bench_compares_with_hf_on_the_same_prompts(capsys, model_dir, tmp_p
             assert r["identical_to_hf"] == 3 and r["identical_checked"] == 3, r
     assert by_name["hf_vanilla"]["speedup_vs_hf"] == 1.0
     assert "hf_vanilla" in out_md.read_text()
+
+
+def test_cli_bench_batch_repeat_repeats_batched_runs_only(capsys, model_dir, tmp_path):
+    """``--batch-repeat N`` runs batched configurations N times (their ratios are the
+    noisiest: a workload is one batch); the report records both counts."""
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat the cat the cat\none two three one two three\n")
+    out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
+    rc, out, err = run_cli(["bench", "--model", model_dir, "--prompts", str(prompts), "--strategy", "none",
+                            "--strategy", "ngram", "--max-new-tokens", "4", "--batch-size", "2", "--batch-repeat", "3",
+                            "--json", str(out_json), "--markdown", str(out_md)], capsys)
+    assert rc == 0, err
+    report = json.loads(out_json.read_text())
+    assert report["repeat"] == 1 and report["batch_repeat"] == 3
+    (run,) = report["runs"]
+    (w,) = run["workloads"].values()
+    for r in w["results"]:
+        assert r["error"] is None and r["tokens"] == 3 * 2 * 4, r
+    assert "batched runs 3×" in out_md.read_text()

@@ -230,7 +230,7 @@ SUITE_CONFIGS = [(1, 0.0), (8, 0.0), (1, 0.8), (8, 0.8)]  # (batch size, tempera
 
 def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=None, limit=None, max_new_tokens=64,
          batch_size=1, temperature=0.0, hf_lookup_tokens=10, with_hf=True, device=None, dtype=None, json_out=None,
-         md_out=None, lean_target=True, repeat=1, seed=None):
+         md_out=None, lean_target=True, repeat=1, seed=None, batch_repeat=None):
     import sys
 
     from transformers import AutoTokenizer
@@ -241,6 +241,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
         raise LightSpecError(f"--batch-size {batch_size} is invalid: use an integer >= 1")
     if repeat < 1:
         raise LightSpecError(f"--repeat {repeat} is invalid: use an integer >= 1")
+    if batch_repeat is not None and batch_repeat < 1:
+        raise LightSpecError(f"--batch-repeat {batch_repeat} is invalid: use an integer >= 1")
     if max_new_tokens < 1:
         raise LightSpecError(f"--max-new-tokens {max_new_tokens} is invalid: use an integer >= 1")
     dev = resolve_device(device)
@@ -267,7 +269,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
             click.echo(f"skipping {name}: {exc}", err=True)
     report = {"command": "lightspec bench", "command_line": "lightspec " + " ".join(sys.argv[1:]), "model": str(model),
               "draft_model": str(draft_model) if draft_model else None, "device": str(dev),
-              "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "repeat": repeat, "seed": seed, "machine": machine_info(dev),
+              "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "repeat": repeat,
+              "batch_repeat": batch_repeat or repeat, "seed": seed, "machine": machine_info(dev),
               "target_forward": {name: p.engine.target_forward for name, p in pipes.items()}, "runs": []}
     greedy_ref: dict[str, list[list[int]]] = {}  # HF vanilla greedy outputs at batch 1, per workload
     for bs, temp in configs:
@@ -275,8 +278,9 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
         for wname, prompts in sets.items():
             n = max(limit, bs) if suite and limit else len(prompts)
             ids = [tok(p)["input_ids"] for p in prompts[:n]]
+            reps = batch_repeat if bs > 1 and batch_repeat else repeat
             results = run_workload(target, draft, pipes, ids, max_new_tokens, bs, temp, hf_lookup_tokens,
-                                   with_hf, dev, f"{wname} b{bs} t{temp}", repeat, seed)
+                                   with_hf, dev, f"{wname} b{bs} t{temp}", reps, seed)
             vanilla = next((r for r in results if r.name == "hf_vanilla" and not r.error), None)
             if temp == 0 and bs == 1 and vanilla is not None:
                 greedy_ref[wname] = vanilla.outputs
