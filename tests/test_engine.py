@@ -502,3 +502,24 @@ def test_draft_model_with_differently_padded_vocab(tok, target_vocab, draft_voca
     failures = [f for o in out for f in o.stats.failures]
     assert not failures, failures[0]
     assert sum(o.stats.accepted for o in out) > 0
+
+
+def test_draft_model_max_context_feeds_only_the_prompt_tail(model, tok, refs):
+    """``max_context=N``: the draft's cache starts from each prompt's last N tokens (its
+    prefill is paid before the first draft); drafts still follow the accepted prefix,
+    and the output is the target's own greedy output either way."""
+    n = 6
+    pipe = MTPPipeline(model, tok, strategy="draft_model", draft_model=model, budget=STATIC, max_context=n)
+    out = pipe.generate(PROMPTS, max_new_tokens=N_NEW, ignore_eos=True)
+    assert [o.token_ids for o in out] == refs
+    drafter = pipe.strategy
+    assert drafter.kv is not None
+    longest = max(len(p) for p in PROMPTS)
+    # the last batch left the cache: at most n prompt tokens per row plus what was generated
+    assert int(drafter.kv.npos.max()) <= n + N_NEW + drafter.max_draft
+    assert int(drafter.kv.npos.max()) < longest + N_NEW
+    whole = MTPPipeline(model, tok, strategy="draft_model", draft_model=model, budget=STATIC, max_context=0)
+    assert [o.token_ids for o in whole.generate(PROMPTS, max_new_tokens=N_NEW, ignore_eos=True)] == refs
+    assert int(whole.strategy.kv.npos.max()) >= longest
+    with pytest.raises(Exception, match="max_context=-1 is invalid"):
+        MTPPipeline(model, tok, strategy="draft_model", draft_model=model, max_context=-1)

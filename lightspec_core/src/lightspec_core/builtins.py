@@ -45,7 +45,8 @@ def lightspec_register_strategies(register):
         params={"max_draft": "most tokens per draft (8)",
                 "lean": "draft through lean_decoder when the architecture allows (true); false: the HF forward",
                 "token_map": "draft only among these token ids plus the request's own: 'auto' (the draft folder's "
-                             "token_map.json, if any), 'none', or a JSON file path"},
+                             "token_map.json, if any), 'none', or a JSON file path",
+                "max_context": "the draft model sees only the last N prompt tokens (128); 0: the whole prompt"},
     )
     register(
         "layerskip",

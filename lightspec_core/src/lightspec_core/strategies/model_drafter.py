@@ -57,14 +57,23 @@ class ModelDrafter:
 
     name = "draft_model"
 
-    def __init__(self, max_draft: int = 8, model=None, lean: bool = True, token_map: str | None = "auto"):
+    def __init__(self, max_draft: int = 8, model=None, lean: bool = True, token_map: str | None = "auto",
+                 max_context: int = 128):
         if not (isinstance(max_draft, int) and max_draft >= 1):
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
+        if not (isinstance(max_context, int) and not isinstance(max_context, bool) and max_context >= 0):
+            raise ValueError(f"max_context={max_context!r} is invalid: use an integer >= 0 (0: the whole prompt)")
         if not isinstance(lean, bool):
             raise ValueError(f"lean={lean!r} is invalid: use true or false")
         if token_map is not None and not isinstance(token_map, str):
             raise ValueError(f"token_map={token_map!r} is invalid: use 'auto', 'none' or the path of a token map JSON file")
         self.max_draft = max_draft
+        # the draft model sees at most the last max_context tokens of the prompt: its cache is
+        # filled before the first draft of every request (at batch 8 that prefill was 10-15%
+        # of a generation), and a small draft gains little from a long context (measured on
+        # the zoo draft: agreement with the target 67.3% with the whole prompt, 67.3% with
+        # the last 128 tokens, 66.8% with 64)
+        self.max_context = max_context
         self.model = model
         self.lean = lean
         self.token_map = token_map
@@ -220,6 +229,8 @@ class ModelDrafter:
                 self.runner.restrict_vocab(torch.unique(torch.cat([self.hot, mine])))
             self.fed = [[] for _ in range(B)]
             self.base = [0] * B  # per row: this many tokens of `fed` are known to match the context
+            # per row: the leading context tokens never fed to the draft (max_context)
+            self.offset = [max(0, len(s) - 1 - self.max_context) if self.max_context else 0 for s in contexts]
             self.row_ids = list(ctx.row_ids)
         elif self.row_ids != ctx.row_ids:
             pos = {r: i for i, r in enumerate(self.row_ids)}
@@ -227,6 +238,7 @@ class ModelDrafter:
             self.kv.select_rows(torch.tensor(keep, device=ctx.device))
             self.fed = [self.fed[i] for i in keep]
             self.base = [self.base[i] for i in keep]
+            self.offset = [self.offset[i] for i in keep]
             self.row_ids = list(ctx.row_ids)
         keep_n = []
         new = []
@@ -237,7 +249,8 @@ class ModelDrafter:
             c = min(self.base[b], n)
             while c < n and fed[c] == seq[c]:
                 c += 1
-            keep_n.append(c)
+            c = max(c, self.offset[b])  # the skipped head is not in the cache, by design
+            keep_n.append(c - self.offset[b])
             new.append(seq[c:])
             self.fed[b] = list(seq)
             self.base[b] = len(ctx.sequences[b])
@@ -267,7 +280,9 @@ class LayerSkipDrafter(ModelDrafter):
     name = "layerskip"
 
     def __init__(self, max_draft: int = 6, layers: int | str = "auto", lean: bool = True):
-        super().__init__(max_draft=max_draft, lean=lean, token_map="none")  # drafts with the target's own head
+        # drafts with the target's own head; its cache is copied from the target's, so it
+        # sees the whole context at no prefill cost
+        super().__init__(max_draft=max_draft, lean=lean, token_map="none", max_context=0)
         if not (layers == "auto" or (isinstance(layers, int) and layers >= 1)):
             raise ValueError(f"layers={layers!r} is invalid: use 'auto' or an integer >= 1")
         self.layers = layers
@@ -326,6 +341,7 @@ class LayerSkipDrafter(ModelDrafter):
         self.kv = kv
         self.fed = [list(seq[:-1]) for seq in ctx.sequences]
         self.base = [len(seq) - 1 for seq in ctx.sequences]
+        self.offset = [0] * ctx.batch
         self.row_ids = list(ctx.row_ids)
 
 
