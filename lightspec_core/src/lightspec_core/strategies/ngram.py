@@ -1,6 +1,15 @@
 """Prompt/suffix lookup drafting (no model): find the latest earlier occurrence of the
 context's last n tokens (longest n first) and propose what followed it.
 
+How far to trust a match depends on its length: a single repeated token predicts the
+next one far less often than a repeated 4-gram (measured on the zoo target's greedy
+outputs: 17-36% against 72-100% for the first drafted token).  So the drafter keeps,
+per match length n and draft position j, how often the target accepted position j when
+it reached it (decayed counts, shared by the rows), and cuts each draft where the
+estimated chance that all of its tokens so far are accepted falls below ``min_accept``.
+A one-token match then proposes a token or two, where a verify slot costs little, and a
+long match proposes up to ``max_draft``.
+
 The index is incremental: each row keeps, per n, a dict from n-gram to the position
 right after its most recent occurrence, updated with the tokens that arrived since the
 last step, so a lookup costs O(max_ngram) dict probes regardless of context length.
@@ -13,22 +22,51 @@ import torch
 from ..hookspecs import hookimpl
 from ..interfaces import DraftProposal, StepContext
 
+PRIOR_WEIGHT = 2.0
+STATS_DECAY = 0.98  # per verified draft: the estimates follow roughly the last 50 drafts
+
 
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, min_ngram: int = 2, max_ngram: int = 4, max_draft: int = 8):
+    def __init__(self, min_ngram: int = 1, max_ngram: int = 4, max_draft: int = 8, min_accept: float = 0.2):
         if not (isinstance(min_ngram, int) and min_ngram >= 1):
             raise ValueError(f"min_ngram={min_ngram!r} is invalid: use an integer >= 1")
         if not (isinstance(max_ngram, int) and max_ngram >= min_ngram):
             raise ValueError(f"max_ngram={max_ngram!r} is invalid: use an integer >= min_ngram ({min_ngram})")
         if not (isinstance(max_draft, int) and max_draft >= 1):
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
+        if not (isinstance(min_accept, (int, float)) and not isinstance(min_accept, bool) and 0 <= min_accept < 1):
+            raise ValueError(f"min_accept={min_accept!r} is invalid: use a number in [0, 1)")
         self.min_ngram, self.max_ngram, self.max_draft = min_ngram, max_ngram, max_draft
+        self.min_accept = float(min_accept)
         self.indexes: dict[int, _RowIndex] = {}
+        # per match length n: decayed counts of drafts that reached position j and of those
+        # the target accepted there (j = 0 .. max_draft - 1); kept across requests
+        self.reached = {n: [0.0] * max_draft for n in range(min_ngram, max_ngram + 1)}
+        self.taken = {n: [0.0] * max_draft for n in range(min_ngram, max_ngram + 1)}
+        self.pending: dict[int, tuple[int, int]] = {}  # request -> (match length, tokens drafted) of its last draft
 
     def reset(self) -> None:
         self.indexes = {}
+        self.pending = {}
+
+    def acceptance(self, n: int, j: int) -> float:
+        """Estimated chance that the target accepts draft position j (0-based) of an n-token
+        match, given it accepted the ones before: the decayed counts with a prior of weight
+        2 (0.7 for matches of 2+ tokens, 0.4 for single tokens)."""
+        prior = 0.7 if n >= 2 else 0.4
+        return (self.taken[n][j] + PRIOR_WEIGHT * prior) / (self.reached[n][j] + PRIOR_WEIGHT)
+
+    def _cut(self, n: int, draft: list[int], learned: bool = True) -> list[int]:
+        """The longest prefix of ``draft`` whose estimated chance of full acceptance stays
+        at least ``min_accept`` (``learned=False``: from the priors alone)."""
+        p = 1.0
+        for j in range(len(draft)):
+            p *= self.acceptance(n, j) if learned else (0.7 if n >= 2 else 0.4)
+            if p < self.min_accept:
+                return draft[:j]
+        return draft
 
     def draft_cost_hints(self) -> dict[str, float]:
         return {self.name: 0.0}  # a dictionary lookup: no model forward
@@ -49,7 +87,12 @@ class NgramDrafter:
             index = self.indexes.get(rid)
             if index is None:
                 index = self.indexes[rid] = _RowIndex(self.min_ngram, self.max_ngram)
-            drafts.append(index.lookup(seq, limit, committed=len(ctx.sequences[b])))
+            n, draft = index.lookup(seq, limit, committed=len(ctx.sequences[b]))
+            # seeded requests must not depend on what other requests taught the counts
+            draft = self._cut(n, draft, learned=not ctx.deterministic) if draft else draft
+            if draft:
+                self.pending[rid] = (n, len(draft))
+            drafts.append(draft)
         k = max(len(d) for d in drafts)
         if k == 0:
             return None
@@ -60,6 +103,25 @@ class NgramDrafter:
         lengths = torch.tensor([len(d) for d in drafts])
         return DraftProposal(tokens=tokens.to(ctx.device), lengths=lengths.to(ctx.device), source=self.name)
 
+    @hookimpl
+    def lightspec_on_stats(self, event) -> None:
+        """Learn per-(match length, position) acceptance from the verified drafts."""
+        if getattr(event, "kind", None) != "step":
+            return
+        for rid, src, d, a in zip(event.row_ids, event.sources, event.drafted, event.accepted):
+            last = self.pending.pop(rid, None)
+            if last is None or not d or not src.startswith(self.name):
+                continue
+            n, mine = last
+            mine = min(mine, d)  # a cascade may have extended the draft after ours
+            reached, taken = self.reached[n], self.taken[n]
+            for j in range(self.max_draft):
+                reached[j] *= STATS_DECAY
+                taken[j] *= STATS_DECAY
+            for j in range(min(mine, a + 1)):
+                reached[j] += 1.0
+                taken[j] += 1.0 if j < a else 0.0
+
 
 class _RowIndex:
     """n-gram → position after its latest occurrence, for one sequence."""
@@ -69,9 +131,10 @@ class _RowIndex:
         self.maps = {n: {} for n in range(min_n, max_n + 1)}
         self.indexed = 0  # n-grams ending before this position are in the maps
 
-    def lookup(self, seq: list[int], limit: int, committed: int) -> list[int]:
+    def lookup(self, seq: list[int], limit: int, committed: int) -> tuple[int, list[int]]:
         """Draft up to ``limit`` tokens after ``seq``; only its first ``committed`` tokens
-        (the ones the target accepted) are added to the index."""
+        (the ones the target accepted) are added to the index.  Returns (the length of the
+        matched n-gram, the draft), (0, []) without a match."""
         L = len(seq)
         # index the n-grams followed by a committed token; the suffix itself is not indexed yet
         upto = min(L, committed)
@@ -86,5 +149,5 @@ class _RowIndex:
             key = tuple(seq[L - n :])
             pos = self.maps[n].get(key)
             if pos is not None and pos < L:
-                return seq[pos : pos + limit]
-        return []
+                return n, seq[pos : pos + limit]
+        return 0, []
