@@ -236,6 +236,36 @@ def test_the_extra_overhead_of_speculative_steps_is_charged():
     assert DynamicBudget().best_k(row[0].acceptance(), p.draft_cost["draft_model"], p.beta) >= 1
 
 
+def test_the_guard_remembers_losses_per_kind_of_batch_across_generations():
+    """A generation of several rows where speculation lost makes the next one of the same
+    kind start with a 16-step hold (then probe); one row, or a kind that was winning,
+    starts drafting at once."""
+    def slow(rows):
+        ev = step(2, T1 * 1.1, drafted=(1,) * rows, accepted=(1,) * rows, draft_s=0.01 * T1)
+        ev.step_time_s = 2.4 * T1
+        return ev
+
+    p = DynamicBudget(beta=0.1, draft_cost=0.01)
+    batch = [history(accepted=30, rejected=3)] * 8
+    k_of(p, batch)  # the generation's first step: calibration
+    p.lightspec_on_stats(step(1, T1))
+    for _ in range(12):
+        assert k_of(p, batch)[0] >= 1
+        p.lightspec_on_stats(slow(8))
+    assert p.guard_record[(True, True)] > 1.0
+    p.reset()  # next generation, same kind: held for 16 steps, then probing
+    for _ in range(16):
+        assert k_of(p, batch)[0] == 0
+        p.lightspec_on_stats(step(1, T1))
+    assert k_of(p, batch)[0] >= 1
+    p.reset()  # one row: no record of losses there
+    assert k_of(p, [history(accepted=30, rejected=3)])[0] >= 1
+    off = DynamicBudget(beta=0.1, draft_cost=0.01, guard=False)
+    off.guard_record[(True, True)] = 2.0
+    off.lightspec_on_stats(step(1, T1))
+    assert k_of(off, batch)[0] >= 1
+
+
 def test_the_throughput_guard_holds_plain_decoding_after_speculation_measured_slower():
     """The cost model says drafting pays, but the measured steps are slower than plain
     decoding would have been for the same tokens: the guard switches to plain decoding for
@@ -261,8 +291,12 @@ def test_the_throughput_guard_holds_plain_decoding_after_speculation_measured_sl
     for _ in range(12):
         p.lightspec_on_stats(slow())
     assert p.hold == 32
-    p.reset()  # each generation starts with a clean guard
-    assert p.hold == 0 and k_of(p, good)[0] >= 1
+    p.reset()  # each generation starts with a clean guard...
+    assert p.hold == 0 and p.backoff == 16
+    assert k_of(p, good) == [0] and p.hold == 15  # ...held 16 steps, as this kind of batch was losing
+    p.guard_record.clear()
+    p.reset()
+    assert k_of(p, good)[0] >= 1
     off = DynamicBudget(beta=0.1, draft_cost=0.01, guard=False)
     off.lightspec_on_stats(step(1, T1))
     for _ in range(24):

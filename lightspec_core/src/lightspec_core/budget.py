@@ -42,7 +42,12 @@ speculative steps it compares the wall time spent with the time plain decoding w
 have needed for the same tokens (``t1`` times the measured step/forward ratio of plain
 steps).  If speculation was slower, the policy decodes plainly for a hold period (16
 steps, doubling on each repeated loss up to 128, back to 16 after a win), then probes
-again.  Each generation (``reset``) starts with a clean guard.
+again.  Each generation (``reset``) starts with a clean guard, except that the guard
+remembers, per kind of batch (one row or several; greedy or sampled), how its recent
+checks went (an average of spent / plain-equivalent time over the last few windows,
+across generations): when speculation was losing on that kind of batch, a new
+generation of the same kind starts with a 16-step hold, then probes.  At batch 8 a
+generation is only ~60 steps, and re-learning the loss in each one cost 5-15%.
 
 The draft-confidence rule runs inside model drafters: a row's draft stops when the
 drafter's peak probability falls below ``min_confidence``.  The policy adapts that
@@ -64,6 +69,7 @@ POOL_DECAY = 0.98  # per step: the pooled acceptance reflects the last ~50 steps
 GUARD_WINDOW = 12  # speculative steps per throughput check
 GUARD_HOLD = 16  # plain steps after a check that speculation lost
 GUARD_MAX_HOLD = 128
+GUARD_MEMORY = 0.5  # weight of the newest window in the per-kind record of guard checks
 
 
 class StaticBudget:
@@ -141,6 +147,11 @@ class DynamicBudget:
         self.plain_ratio: deque[float] = deque([1.03], maxlen=16)  # plain step time / its forward time
         self.hold = 0  # steps of plain decoding left before probing again
         self.backoff = GUARD_HOLD
+        # per kind of batch (several rows?, greedy?): decayed mean of spent / plain-equivalent
+        # time over recent guard windows, kept across generations
+        self.guard_record: dict[tuple[bool, bool], float] = {}
+        self.kind: tuple[bool, bool] | None = None  # the current generation's kind, set on its first step
+        self.fresh = True
         # acceptance over all rows of recent steps (decayed), overall ("") and per source: the
         # prior a new row starts from, so a fresh batch does not draft on a fixed guess
         self.pooled: dict[str, list[float]] = {}
@@ -164,6 +175,7 @@ class DynamicBudget:
         self.spec_window.clear()
         self.hold = 0
         self.backoff = GUARD_HOLD
+        self.fresh = True
         self.hits.clear()
         self.last_k = 0
 
@@ -174,6 +186,11 @@ class DynamicBudget:
         if ctx.deterministic:
             return self._reproducible(ctx, taus)
         self.last_k = 0
+        if self.fresh:  # a new generation: start held where this kind of batch has been losing
+            self.fresh = False
+            self.kind = (B > 1, ctx.sampling.greedy)
+            if self.guard and self.guard_record.get(self.kind, 0.0) > 1.0:
+                self.hold = GUARD_HOLD
         if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
             return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), taus)
         if self.hold > 0:  # the guard saw speculation lose: decode plainly for a while
@@ -324,6 +341,9 @@ class DynamicBudget:
         spent = sum(t for _, t in self.spec_window)
         plain = sum(n for n, _ in self.spec_window) * plain_step
         self.spec_window.clear()
+        if self.kind is not None:
+            old = self.guard_record.get(self.kind, spent / plain)
+            self.guard_record[self.kind] = (1 - GUARD_MEMORY) * old + GUARD_MEMORY * spent / plain
         if spent > plain:
             self.hold = self.backoff
             self.backoff = min(2 * self.backoff, GUARD_MAX_HOLD)
