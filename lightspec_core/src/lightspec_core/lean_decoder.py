@@ -229,7 +229,9 @@ class LeanDecoder:
         B, q = input_ids.shape
         D, H, Hkv = self.head_dim, self.n_heads, self.n_kv
         h = F.embedding(input_ids, self.embed.weight)
-        cos, sin = self._cos_sin(h, position_ids)  # [B, 1, q, D]
+        # positions never exceed the cached columns plus the new ones (a Python int: no device sync)
+        bound = cache.get_seq_length() + q if cache is not None else None
+        cos, sin = self._cos_sin(h, position_ids, bound)  # [B, 1, q, D]
         mask = None
         for i, blk in enumerate(self.blocks):
             if i in self.record:
@@ -263,13 +265,14 @@ class LeanDecoder:
             self.states[len(self.layers)] = h
         return self._logits(h, logits_to_keep)
 
-    def _cos_sin(self, h: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _cos_sin(self, h: torch.Tensor, position_ids: torch.Tensor, bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[B, 1, q, D]`` for ``position_ids [B, q]``, from the table (grown by
-        doubling) or, for sequence-length-dependent rotary scaling, from the rotary module."""
+        doubling to hold ``bound`` positions, or the largest id when no bound is given) or,
+        for sequence-length-dependent rotary scaling, from the rotary module."""
         if not self.rope_table:
             cos, sin = self.rotary(h, position_ids)
             return cos[:, None], sin[:, None]
-        need = int(position_ids.max()) + 1
+        need = bound if bound is not None else int(position_ids.max()) + 1
         if self.cos_table is None or self.cos_table.shape[0] < need or self.cos_table.device != h.device:
             n = max(need, 2 * (0 if self.cos_table is None else self.cos_table.shape[0]), 256)
             cos, sin = self.rotary(h, torch.arange(n, device=h.device)[None])
