@@ -33,17 +33,22 @@ def _steps(kv: BatchedKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
+def _assert_steps_match(reference, runner) -> None:
+    """``_steps`` through both models; the logits of every real position agree (1e-4)."""
+    with torch.no_grad():
+        ref = _steps(BatchedKV(reference, 3, CPU))
+        got = _steps(BatchedKV(runner, 3, CPU))
+    for (r, valid), (g, _) in zip(ref, got):
+        assert g.shape == r.shape
+        torch.testing.assert_close(g[valid], r[valid], rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_lean_forward_matches_hf(arch):
     model = build_model(arch)
     lean = lean_decoder(model)
     assert lean is not None
-    with torch.no_grad():
-        ref = _steps(BatchedKV(model, 3, CPU))
-        got = _steps(BatchedKV(lean, 3, CPU))
-    for (r, valid), (g, _) in zip(ref, got):
-        assert g.shape == r.shape
-        torch.testing.assert_close(g[valid], r[valid], rtol=1e-4, atol=1e-4)
+    _assert_steps_match(model, lean)
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
@@ -55,23 +60,15 @@ def test_fast_draft_forward_matches_hf_up_to_rounding(arch, fuse):
     model = build_model(arch)
     fast = lean_decoder(model, exact=False, fuse=fuse)
     assert fast is not None and not fast.exact
+    _assert_steps_match(model, fast)
     with torch.no_grad():
-        ref = _steps(BatchedKV(model, 3, CPU))
-        got = _steps(BatchedKV(fast, 3, CPU))
-        for (r, valid), (g, _) in zip(ref, got):
-            assert g.shape == r.shape
-            torch.testing.assert_close(g[valid], r[valid], rtol=1e-4, atol=1e-4)
         long_ids = torch.randint(3, 500, (1, 300), generator=torch.Generator().manual_seed(1))
         r = BatchedKV(model, 1, CPU).forward(long_ids).logits
         g = BatchedKV(lean_decoder(model, exact=False, fuse=fuse), 1, CPU).forward(long_ids).logits
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
     from lightspec_core.model_parts import early_exit_view
 
-    with torch.no_grad():
-        ref = _steps(BatchedKV(early_exit_view(model, 1), 3, CPU))
-        got = _steps(BatchedKV(lean_decoder(model, 1, exact=False, fuse=fuse), 3, CPU))
-    for (r, valid), (g, _) in zip(ref, got):
-        torch.testing.assert_close(g[valid], r[valid], rtol=1e-4, atol=1e-4)
+    _assert_steps_match(early_exit_view(model, 1), lean_decoder(model, 1, exact=False, fuse=fuse))
 
 
 def test_fuse_needs_the_inexact_forward():
