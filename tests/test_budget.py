@@ -304,6 +304,41 @@ def test_the_throughput_guard_holds_plain_decoding_after_speculation_measured_sl
     assert off.hold == 0 and k_of(off, good)[0] >= 1
 
 
+def test_speculative_steps_slower_than_modelled_raise_the_cost_scale_of_that_kind_of_batch():
+    """The guard's windows compare the measured time of speculative steps with the cost
+    model's: steps 20% slower than modelled scale the cost of drafting by about that much,
+    for that kind of batch only, so a gain the model overstated is no longer drafted for;
+    while nothing drafts, the scale drifts back to 1."""
+    p = DynamicBudget(beta=0.1, draft_cost=0.01)
+    batch = [history(accepted=30, rejected=3)] * 8
+    k_of(p, batch)
+    p.lightspec_on_stats(step(1, T1))
+    modelled = None
+    for _ in range(3 * 12):
+        k_of(p, batch)
+        ev = step(2, T1 * 1.1, drafted=(1,) * 8, accepted=(1,) * 8, draft_s=0.01 * T1)
+        modelled = p._modelled_cost(ev) * T1 * 1.03  # 1.03: the plain steps' step/forward ratio
+        ev.step_time_s = 1.2 * modelled
+        p.lightspec_on_stats(ev)
+    scale = p.cost_scale[(True, True)]
+    assert 1.1 < scale <= 1.25
+    assert (False, True) not in p.cost_scale  # one row: not measured
+    accs = [0.45] * 8  # a gain the unscaled model takes (at the batch margin), the scaled one not
+    assert p.best_k(accs, 0.01, 0.1) >= 1 and p.best_k(accs, 0.01, 0.1, scale=scale) == 0
+    for _ in range(60):  # plain steps: the scale decays back
+        p.lightspec_on_stats(step(1, T1))
+    assert p.cost_scale[(True, True)] < 1.01
+
+
+def test_a_batch_needs_a_larger_modelled_gain_than_one_row():
+    """``batch_margin``: with several rows a draft length must beat plain decoding by that
+    factor in the model (rows that finish early are a cost it does not see); one row needs 2%."""
+    p = DynamicBudget(beta=0.1, draft_cost=0.05)
+    a = 0.3  # k = 1 models a ~14% gain: 1.3 tokens for 1.15 steps
+    assert p.best_k(a) == 1 and p.best_k([a] * 8) == 0
+    assert DynamicBudget(beta=0.1, draft_cost=0.05, batch_margin=1.0).best_k([a] * 8) == 1
+
+
 def test_the_guard_lets_speculation_that_pays_run():
     p = DynamicBudget()
     good = [history(accepted=30, rejected=3)]
@@ -315,7 +350,8 @@ def test_the_guard_lets_speculation_that_pays_run():
 
 @pytest.mark.parametrize("kw, bad", [({"max_draft": 0}, "max_draft=0"), ({"beta": -1}, "beta=-1"),
                                      ({"draft_cost": "x"}, "draft_cost='x'"), ({"min_confidence": 1.5}, "min_confidence=1.5"),
-                                     ({"decay": 1}, "decay=1"), ({"window": 0}, "window=0"), ({"guard": "no"}, "guard='no'")])
+                                     ({"decay": 1}, "decay=1"), ({"window": 0}, "window=0"), ({"guard": "no"}, "guard='no'"),
+                                     ({"batch_margin": 0.9}, "batch_margin=0.9")])
 def test_dynamic_rejects_bad_options(kw, bad):
     with pytest.raises(ValueError, match=bad):
         DynamicBudget(**kw)

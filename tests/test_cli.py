@@ -36,6 +36,7 @@ def model_dir(tmp_path_factory):
         (["bench", "--suite", "weird"], "--suite 'weird' is unknown"),
         (["bench", "--suite", "default", "--repeat", "0"], "--repeat 0 is invalid"),
         (["bench", "--suite", "default", "--batch-repeat", "0"], "--batch-repeat 0 is invalid"),
+        (["bench", "--suite", "default", "--interleave", "token"], "--interleave 'token' is invalid; allowed: step, batch"),
     ],
 )
 def test_cli_errors_are_one_line(args, needle, capsys, model_dir):
@@ -118,21 +119,23 @@ def test_cli_bench_compares_with_hf_on_the_same_prompts(capsys, model_dir, tmp_p
             # greedy: every output equals HF vanilla's (outputs are kept from the first round)
             assert r["identical_to_hf"] == 3 and r["identical_checked"] == 3, r
     assert by_name["hf_vanilla"]["speedup_vs_hf"] == 1.0
+    assert report["interleave"] == "step"  # the default: methods in lockstep
     assert "hf_vanilla" in out_md.read_text()
 
 
 def test_cli_bench_batch_repeat_repeats_batched_runs_only(capsys, model_dir, tmp_path):
     """``--batch-repeat N`` runs batched configurations N times (their ratios are the
-    noisiest: a workload is one batch); the report records both counts."""
+    noisiest: a workload is one batch); the report records both counts.  Also the
+    ``--interleave batch`` mode (whole runs, one method after the other)."""
     prompts = tmp_path / "p.txt"
     prompts.write_text("the cat the cat the cat\none two three one two three\n")
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     rc, out, err = run_cli(["bench", "--model", model_dir, "--prompts", str(prompts), "--strategy", "none",
                             "--strategy", "ngram", "--max-new-tokens", "4", "--batch-size", "2", "--batch-repeat", "3",
-                            "--json", str(out_json), "--markdown", str(out_md)], capsys)
+                            "--interleave", "batch", "--json", str(out_json), "--markdown", str(out_md)], capsys)
     assert rc == 0, err
     report = json.loads(out_json.read_text())
-    assert report["repeat"] == 1 and report["batch_repeat"] == 3
+    assert report["repeat"] == 1 and report["batch_repeat"] == 3 and report["interleave"] == "batch"
     (run,) = report["runs"]
     (w,) = run["workloads"].values()
     for r in w["results"]:

@@ -523,3 +523,17 @@ def test_draft_model_max_context_feeds_only_the_prompt_tail(model, tok, refs):
     assert int(whole.strategy.kv.npos.max()) >= longest
     with pytest.raises(Exception, match="max_context=-1 is invalid"):
         MTPPipeline(model, tok, strategy="draft_model", draft_model=model, max_context=-1)
+
+
+def test_draft_model_batch_context_shrinks_the_draft_prefill_with_the_batch():
+    """``batch_context``: the prompt tails of a batch hold at most that many tokens
+    together (16 per row at least), so the draft's prefill does not grow with the batch."""
+    from lightspec_core.strategies.model_drafter import ModelDrafter
+
+    d = ModelDrafter(max_context=128, batch_context=256)
+    assert [d.context_span(b) for b in (1, 2, 4, 8, 64)] == [128, 128, 64, 32, 16]
+    assert ModelDrafter(max_context=0, batch_context=256).context_span(1) == 256
+    assert ModelDrafter(max_context=64, batch_context=0).context_span(8) == 64
+    assert ModelDrafter(max_context=0, batch_context=0).context_span(8) == 0  # the whole prompt
+    with pytest.raises(ValueError, match="batch_context=-1 is invalid"):
+        ModelDrafter(batch_context=-1)

@@ -70,10 +70,14 @@ class PeakRSS:
     """Peak resident memory above the level at start, sampled periodically
     (CPU, every 20 ms); on CUDA, peak allocated memory above the start."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, enabled: bool = True):
         self.device = device
+        self.enabled = enabled
+        self.extra = 0.0
 
     def __enter__(self):
+        if not self.enabled:
+            return self
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -90,6 +94,8 @@ class PeakRSS:
             self.peak = max(self.peak, _rss())
 
     def __exit__(self, *exc):
+        if not self.enabled:
+            return
         if self.device.type == "cuda":
             torch.cuda.synchronize()
             self.extra = (torch.cuda.max_memory_allocated(self.device) - self.base) / 2**20
@@ -130,23 +136,52 @@ class HFMethod:
         with torch.inference_mode():
             self.model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, **self.kwargs)
 
-    def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True) -> None:
+    def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True, pause=None) -> None:
+        """Generate for ``chunk``.  ``pause``: called after every decoding step (lockstep
+        runs time the method from outside); without it the run times itself."""
         res = self.result
-        with torch.inference_mode(), PeakRSS(self.device) as mem:
+        extra = {"streamer": _StepStreamer(pause)} if pause else {}
+        with torch.inference_mode(), PeakRSS(self.device, enabled=pause is None) as mem:
             for p in chunk:  # HF assisted generation is batch-1 only: HF baselines run prompt by prompt
                 ids = torch.tensor([p], device=self.device)
                 _sync(self.device)
                 t0 = time.perf_counter()
-                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, **self.kwargs)
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                          **self.kwargs, **extra)
                 _sync(self.device)
-                res.seconds += time.perf_counter() - t0
+                if pause is None:
+                    res.seconds += time.perf_counter() - t0
                 new = out[0, len(p):].tolist()
                 if record:
                     res.outputs.append(new)
                 res.tokens += len(new)
-        res.peak_extra_mb = max(res.peak_extra_mb, mem.extra)
+        if pause is None:
+            res.peak_extra_mb = max(res.peak_extra_mb, mem.extra)
+
+    def measure_memory(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
+        """Lockstep runs: peak memory comes from one untimed run of ``chunk`` on its own
+        (interleaved methods share the process's resident set)."""
+        with torch.inference_mode(), PeakRSS(self.device) as mem:
+            for p in chunk:
+                ids = torch.tensor([p], device=self.device)
+                self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, **self.kwargs)
+        self.result.peak_extra_mb = max(self.result.peak_extra_mb, mem.extra)
 
     def finish(self) -> None:
+        pass
+
+
+class _StepStreamer:
+    """A ``generate`` streamer that only marks step boundaries: HF calls ``put`` once with
+    the prompt and then once per decoding step (assisted or not)."""
+
+    def __init__(self, pause):
+        self.pause = pause
+
+    def put(self, value) -> None:
+        self.pause()
+
+    def end(self) -> None:
         pass
 
 
@@ -166,15 +201,26 @@ class LightSpecMethod:
         self.pipe.generate([prompt], max_new_tokens=4, ignore_eos=True, temperature=self.temperature)
         self.steps_log.clear()
 
-    def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True) -> None:
+    def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True, pause=None) -> None:
+        """As ``HFMethod.run``; ``pause`` is called after every engine step."""
         res = self.result
-        with PeakRSS(self.pipe.device) as mem:
-            _sync(self.pipe.device)
-            t0 = time.perf_counter()
-            outs = self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature, seed=seed)
-            _sync(self.pipe.device)
-            res.seconds += time.perf_counter() - t0
-        res.peak_extra_mb = max(res.peak_extra_mb, mem.extra)
+        step_end = (lambda event: pause() if event.kind == "step" else None) if pause else None
+        if step_end:
+            self.pipe.bound.sinks.append(step_end)
+        try:
+            with PeakRSS(self.pipe.device, enabled=pause is None) as mem:
+                _sync(self.pipe.device)
+                t0 = time.perf_counter()
+                outs = self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature,
+                                          seed=seed)
+                _sync(self.pipe.device)
+                if pause is None:
+                    res.seconds += time.perf_counter() - t0
+        finally:
+            if step_end:
+                self.pipe.bound.sinks.remove(step_end)
+        if pause is None:
+            res.peak_extra_mb = max(res.peak_extra_mb, mem.extra)
         for o in outs:
             if record:
                 res.outputs.append(o.token_ids)
@@ -189,6 +235,14 @@ class LightSpecMethod:
                     res.pos_accepted.append(0)
                 res.pos_drafted[j] += d
                 res.pos_accepted[j] += a
+
+    def measure_memory(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
+        """As ``HFMethod.measure_memory`` (its steps do not count in the statistics)."""
+        logged = len(self.steps_log)
+        with PeakRSS(self.pipe.device) as mem:
+            self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature, seed=seed)
+        del self.steps_log[logged:]
+        self.result.peak_extra_mb = max(self.result.peak_extra_mb, mem.extra)
 
     def finish(self) -> None:
         self.result.overhead_s = sum(e.overhead_s for e in self.steps_log)
@@ -230,7 +284,7 @@ SUITE_CONFIGS = [(1, 0.0), (8, 0.0), (1, 0.8), (8, 0.8)]  # (batch size, tempera
 
 def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=None, limit=None, max_new_tokens=64,
          batch_size=1, temperature=0.0, hf_lookup_tokens=10, with_hf=True, device=None, dtype=None, json_out=None,
-         md_out=None, lean_target=True, repeat=1, seed=None, batch_repeat=None):
+         md_out=None, lean_target=True, repeat=1, seed=None, batch_repeat=None, interleave="step"):
     import sys
 
     from transformers import AutoTokenizer
@@ -245,6 +299,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
         raise LightSpecError(f"--batch-repeat {batch_repeat} is invalid: use an integer >= 1")
     if max_new_tokens < 1:
         raise LightSpecError(f"--max-new-tokens {max_new_tokens} is invalid: use an integer >= 1")
+    if interleave not in ("step", "batch"):
+        raise LightSpecError(f"--interleave {interleave!r} is invalid; allowed: step, batch")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if model is None:
@@ -270,7 +326,7 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
     report = {"command": "lightspec bench", "command_line": "lightspec " + " ".join(sys.argv[1:]), "model": str(model),
               "draft_model": str(draft_model) if draft_model else None, "device": str(dev),
               "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "repeat": repeat,
-              "batch_repeat": batch_repeat or repeat, "seed": seed, "machine": machine_info(dev),
+              "batch_repeat": batch_repeat or repeat, "seed": seed, "interleave": interleave, "machine": machine_info(dev),
               "target_forward": {name: p.engine.target_forward for name, p in pipes.items()}, "runs": []}
     greedy_ref: dict[str, list[list[int]]] = {}  # HF vanilla greedy outputs at batch 1, per workload
     for bs, temp in configs:
@@ -280,7 +336,7 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
             ids = [tok(p)["input_ids"] for p in prompts[:n]]
             reps = batch_repeat if bs > 1 and batch_repeat else repeat
             results = run_workload(target, draft, pipes, ids, max_new_tokens, bs, temp, hf_lookup_tokens,
-                                   with_hf, dev, f"{wname} b{bs} t{temp}", reps, seed)
+                                   with_hf, dev, f"{wname} b{bs} t{temp}", reps, seed, interleave)
             vanilla = next((r for r in results if r.name == "hf_vanilla" and not r.error), None)
             if temp == 0 and bs == 1 and vanilla is not None:
                 greedy_ref[wname] = vanilla.outputs
@@ -309,20 +365,92 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
     return report
 
 
+class Lane:
+    """One method's run of one batch in a thread of its own, advanced one decoding step per
+    turn: ``step()`` lets it run until the end of its next step (or of the run).
+
+    ``busy`` is the time it spent running, its wall time minus the time it waited for its
+    turns; a thread switch happens outside that time."""
+
+    def __init__(self, method, chunk: list[list[int]], max_new: int, seed: int | None, record: bool, device):
+        self.method, self.device = method, device
+        self.args = (chunk, max_new, seed, record)
+        self.busy = 0.0
+        self.done = False
+        self.error: BaseException | None = None
+        self._turn, self._parked = threading.Event(), threading.Event()
+        self._t0 = 0.0
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        self._turn.wait()
+        self._turn.clear()
+        self._t0 = time.perf_counter()
+        try:
+            self.method.run(*self.args, pause=self._pause)
+        except BaseException as exc:  # reported by the scheduler
+            self.error = exc
+        finally:
+            _sync(self.device)
+            self.busy += time.perf_counter() - self._t0
+            self.done = True
+            self._parked.set()
+
+    def _pause(self) -> None:
+        _sync(self.device)
+        self.busy += time.perf_counter() - self._t0
+        self._parked.set()
+        self._turn.wait()
+        self._turn.clear()
+        self._t0 = time.perf_counter()
+
+    def step(self) -> None:
+        self._turn.set()
+        self._parked.wait()
+        self._parked.clear()
+        if self.done:
+            self._thread.join()
+
+
+def run_lockstep(methods: list, chunk: list[list[int]], max_new: int, seed: int | None, record: bool, device,
+                 failed: dict[str, str]) -> None:
+    """Run ``chunk`` with every method at once, one decoding step of each in turn (in the
+    given order), adding each method's running time to its result."""
+    lanes = [Lane(m, chunk, max_new, seed, record, device) for m in methods]
+    while lanes:
+        for lane in list(lanes):
+            lane.step()
+            if lane.done:
+                lanes.remove(lane)
+                lane.method.result.seconds += lane.busy
+                if lane.error is not None:
+                    failed[lane.method.result.name] = f"{type(lane.error).__name__}: {lane.error}"
+
+
 def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens, with_hf, dev, label, repeat=1,
-                 seed=None):
+                 seed=None, interleave="step"):
     """Every method on one workload; HF baselines only at batch 1 (assisted generation is batch-1 only).
 
-    Methods are interleaved: each batch of prompts is run by every method before the next
-    batch starts (in an order that rotates from batch to batch), so a change in machine
-    speed during the run (the shared VM's forwards vary by 2x) hits all methods alike
-    instead of whichever happened to run then.  ``repeat`` runs every batch that many
-    times (tokens/s over all of them; outputs kept from the first), which a workload that
-    is one batch of 8 needs to average out that noise.  ``seed``: seed LightSpec's sampled
-    runs (seeded requests use the budget's reproducible, timing-free policy); by default
-    they are unseeded, as requests usually are."""
+    Methods are interleaved so that a change in machine speed during the run (the shared
+    VM's forwards vary by 2x from one second to the next) hits all methods alike instead
+    of whichever happened to run then:
+
+    * ``interleave="step"`` (the default): every method runs the same batch of prompts at
+      the same time, in lockstep: one decoding step of each method in turn (``Lane``),
+      each timed on its own.  Peak memory then comes from one extra, untimed run of the
+      first batch per method, alone, after the timed runs.
+    * ``"batch"``: each batch of prompts is run by every method in turn before the next
+      batch starts, each run timed from start to end.
+
+    Either way the order rotates from batch to batch.  ``repeat`` runs every batch that
+    many times (tokens/s over all of them; outputs kept from the first).  ``seed``: seed
+    LightSpec's sampled runs (seeded requests use the budget's reproducible, timing-free
+    policy); by default they are unseeded, as requests usually are."""
     from tqdm import tqdm
 
+    if interleave not in ("step", "batch"):
+        raise LightSpecError(f"interleave={interleave!r} is invalid; allowed: step, batch")
     methods: list = []
     if with_hf and bs == 1:
         methods.append(HFMethod(target, "hf_vanilla", {}, temp, dev))
@@ -345,13 +473,28 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
         rounds = [(r, c, chunk) for r in range(repeat) for c, chunk in enumerate(chunks)]
         for i, (r, c, chunk) in enumerate(rounds):
             order = methods[i % len(methods):] + methods[:i % len(methods)]
+            chunk_seed = None if seed is None else seed + c * bs
+            if interleave == "step":
+                run_lockstep([m for m in order if m.result.name not in failed], chunk, max_new, chunk_seed, r == 0,
+                             dev, failed)
+                bar.update(len(chunk) * len(order))
+                continue
             for m in order:
                 if m.result.name not in failed:
                     try:
-                        m.run(chunk, max_new, seed=None if seed is None else seed + c * bs, record=r == 0)
+                        m.run(chunk, max_new, seed=chunk_seed, record=r == 0)
                     except Exception as exc:
                         failed[m.result.name] = f"{type(exc).__name__}: {exc}"
                 bar.update(len(chunk))
+    if interleave == "step":
+        # after the timed runs, as the batch mode measures during them: the allocator has
+        # grown its heap by then, so no method is charged for growing it first
+        for m in methods:
+            if m.result.name not in failed:
+                try:
+                    m.measure_memory(chunks[0], max_new, seed)
+                except Exception as exc:
+                    failed[m.result.name] = f"{type(exc).__name__}: {exc}"
     results = []
     for m in methods:
         m.finish()

@@ -47,7 +47,9 @@ def lightspec_register_strategies(register):
                 "lean": "draft through lean_decoder when the architecture allows (true); false: the HF forward",
                 "token_map": "draft only among these token ids plus the request's own: 'auto' (the draft folder's "
                              "token_map.json, if any), 'none', or a JSON file path",
-                "max_context": "the draft model sees only the last N prompt tokens (128); 0: the whole prompt"},
+                "max_context": "the draft model sees only the last N prompt tokens (128); 0: the whole prompt",
+                "batch_context": "and the batch's prompt tails together hold at most N tokens, 16 per row at least "
+                                 "(256: 32 per row at batch 8); 0: no batch-wide limit"},
     )
     register(
         "layerskip",
@@ -80,6 +82,7 @@ def lightspec_register_strategies(register):
             "draft_cost": "initial cost of one draft token vs a target step (0.05)",
             "decay": "per-step decay of the acceptance counts (0.9)",
             "guard": "throughput guard: decode plainly for a while when speculation measured slower (true)",
+            "batch_margin": "with several rows, draft only for a modelled gain of at least this factor (1.15)",
         },
     )
     register("static", lazy(".budget:StaticBudget"), kind="budget", description="always draft k tokens", params={"k": "draft length (4)"})

@@ -58,11 +58,13 @@ class ModelDrafter:
     name = "draft_model"
 
     def __init__(self, max_draft: int = 8, model=None, lean: bool = True, token_map: str | None = "auto",
-                 max_context: int = 128):
+                 max_context: int = 128, batch_context: int = 256):
         if not (isinstance(max_draft, int) and max_draft >= 1):
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
         if not (isinstance(max_context, int) and not isinstance(max_context, bool) and max_context >= 0):
             raise ValueError(f"max_context={max_context!r} is invalid: use an integer >= 0 (0: the whole prompt)")
+        if not (isinstance(batch_context, int) and not isinstance(batch_context, bool) and batch_context >= 0):
+            raise ValueError(f"batch_context={batch_context!r} is invalid: use an integer >= 0 (0: no batch-wide limit)")
         if not isinstance(lean, bool):
             raise ValueError(f"lean={lean!r} is invalid: use true or false")
         if token_map is not None and not isinstance(token_map, str):
@@ -74,6 +76,11 @@ class ModelDrafter:
         # the zoo draft: agreement with the target 67.3% with the whole prompt, 67.3% with
         # the last 128 tokens, 66.8% with 64)
         self.max_context = max_context
+        # ... and that prefill grows with the batch while a draft token's value does not: the
+        # prompts' tails together hold at most batch_context tokens (at least 16 per row).
+        # Measured (zoo draft, 60 suite prompts): agreement 63.8% with 128 tokens, 62.7% with
+        # 32; at batch 8 the draft's prefill of 8 x 128 tokens took 88 ms, ~5 plain steps.
+        self.batch_context = batch_context
         self.model = model
         self.lean = lean
         self.token_map = token_map
@@ -135,6 +142,12 @@ class ModelDrafter:
                 "the draft model must share the target's tokenizer"
             )
         self.vocab = tv
+
+    def context_span(self, batch: int) -> int:
+        """How many of each prompt's last tokens the draft's cache starts from, for a batch
+        of ``batch`` rows (0: the whole prompt)."""
+        spans = [n for n in (self.max_context, self.batch_context // batch if self.batch_context else 0) if n]
+        return max(16, min(spans)) if spans else 0
 
     def reset(self) -> None:
         self.kv = None
@@ -230,7 +243,8 @@ class ModelDrafter:
             self.fed = [[] for _ in range(B)]
             self.base = [0] * B  # per row: this many tokens of `fed` are known to match the context
             # per row: the leading context tokens never fed to the draft (max_context)
-            self.offset = [max(0, len(s) - 1 - self.max_context) if self.max_context else 0 for s in contexts]
+            span = self.context_span(B)
+            self.offset = [max(0, len(s) - 1 - span) if span else 0 for s in contexts]
             self.row_ids = list(ctx.row_ids)
         elif self.row_ids != ctx.row_ids:
             pos = {r: i for i, r in enumerate(self.row_ids)}
@@ -282,7 +296,7 @@ class LayerSkipDrafter(ModelDrafter):
     def __init__(self, max_draft: int = 6, layers: int | str = "auto", lean: bool = True):
         # drafts with the target's own head; its cache is copied from the target's, so it
         # sees the whole context at no prefill cost
-        super().__init__(max_draft=max_draft, lean=lean, token_map="none", max_context=0)
+        super().__init__(max_draft=max_draft, lean=lean, token_map="none", max_context=0, batch_context=0)
         if not (layers == "auto" or (isinstance(layers, int) and layers >= 1)):
             raise ValueError(f"layers={layers!r} is invalid: use 'auto' or an integer >= 1")
         self.layers = layers
