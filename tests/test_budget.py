@@ -330,6 +330,25 @@ def test_speculative_steps_slower_than_modelled_raise_the_cost_scale_of_that_kin
     assert p.cost_scale[(True, True)] < 1.01
 
 
+def test_a_drafter_starts_from_its_structural_cost_estimate():
+    """Before a drafter is measured a batch prices it by its ``draft_cost_hints()``: an
+    early exit that does half the target's work per token is not drafted on a prior
+    acceptance, free n-gram lookup is.  A single row tries it (the flat prior)."""
+    def first_k(hints, rows):
+        p = DynamicBudget()
+        p.lightspec_on_stats(step(1, T1))
+        c = ctx([history(0, 0)] * rows)
+        c.extras = {"draft_cost_hints": hints}
+        return p.lightspec_budget(c).max_draft.tolist()[0], p
+
+    assert first_k({"layerskip": 0.54}, 8)[0] == 0
+    assert first_k({"ngram": 0.0}, 8)[0] >= 1
+    k, p = first_k({"layerskip": 0.54}, 1)
+    assert k >= 1 and p.prior_cost("layerskip") == 0.05
+    _, p = first_k({"layerskip": 0.54}, 8)
+    assert p.prior_cost("layerskip") == 0.54 and p.prior_cost("other") == 0.05
+
+
 def test_a_batch_needs_a_larger_modelled_gain_than_one_row():
     """``batch_margin``: with several rows a draft length must beat plain decoding by that
     factor in the model (rows that finish early are a cost it does not see); one row needs 2%."""

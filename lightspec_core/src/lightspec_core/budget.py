@@ -148,6 +148,7 @@ class DynamicBudget:
         self.draft_fixed: dict[str, float] = {}  # per source: f, the cost of drafting at all
         self.draft_floor: dict[str, tuple[float, float]] = {}  # per source: the cheapest (f, d) fitted (after 8 measurements)
         self.last_drafted: dict[str, int] = {}
+        self.hints: dict[str, float] = {}  # the drafters' structural cost estimates (draft_cost_hints)
         self.measured: dict[str, int] = {}
         self.per_source: dict[tuple[int, str], list[float]] = {}  # (request, source) -> [accepted, rejected]
         self.recent: dict[int, deque] = {}
@@ -215,7 +216,9 @@ class DynamicBudget:
         hits = [self.hit_rate(rid) for rid in ctx.row_ids]
         # the cheapest drafter (by the cost of a one-token draft) decides whether to draft at all
         cheapest = min(self.draft_cost, key=lambda s: self.draft_fixed.get(s, 0.0) + self.draft_cost[s], default=None)
-        d = self.prior_draft_cost if cheapest is None else self.draft_cost[cheapest]
+        # a batch prices a drafter it has not measured by its structural estimate (prior_cost)
+        self.hints = ((ctx.extras or {}).get("draft_cost_hints") or {}) if B > 1 else {}
+        d = min(self.hints.values(), default=self.prior_draft_cost) if cheapest is None else self.draft_cost[cheapest]
         f = 0.0 if cheapest is None else self.draft_fixed.get(cheapest, 0.0)
         scale = self.cost_scale.get(self.kind, 1.0)
         k = self.best_k(accs, d, fixed=self.spec_overhead + f, hits=hits, scale=scale)
@@ -245,6 +248,16 @@ class DynamicBudget:
                                                      cost, self.prior_beta))
                                   for k, rid in zip(ks, ctx.row_ids)]
         return Budget(torch.tensor(ks, dtype=torch.long, device=ctx.device), taus, by_source=by_source)
+
+    def prior_cost(self, source: str) -> float:
+        """A drafter's cost per token before it is measured.  In a batch: its structural
+        estimate from ``draft_cost_hints()`` (the share of the target's work one draft token
+        does: 0 for n-gram lookup, ~0.16 for the zoo draft, ~0.5 for layer skip).  With the
+        flat ``draft_cost`` (0.05) layer skip looked nearly free to a fresh policy: at batch
+        8 it drafted until the guard stopped it and measured 0.89x `none` (lockstep), 1.0x
+        with its estimate.  A single row keeps the flat prior, so that an unmeasured
+        drafter is tried where trying costs one row's step, not a whole batch's."""
+        return self.hints.get(source, self.prior_draft_cost)
 
     def hit_rate(self, request: int) -> float:
         """How often this row got a draft when offered one, starting from the rate pooled
@@ -414,7 +427,7 @@ class DynamicBudget:
         used = {s for s, d in zip(event.sources, event.drafted) if d}
         for src, samples in self.draft_samples.items():
             if src not in used:  # an unused drafter drifts back to its cheapest measured cost, so it gets probed again
-                f, d = self.draft_floor.get(src, (0.0, self.prior_draft_cost))
+                f, d = self.draft_floor.get(src, (0.0, self.prior_cost(src)))
                 k = self.last_drafted.get(src, 1)
                 samples.append((k, f + d * k))
                 self._fit_draft_cost(src)
@@ -423,8 +436,8 @@ class DynamicBudget:
         src = used.pop()
         if src not in self.warm:  # a drafter's first step also fills its own cache: not a typical cost
             self.warm.add(src)
-            self.draft_samples.setdefault(src, deque([(1, self.prior_draft_cost)], maxlen=16))
-            self.draft_cost.setdefault(src, self.prior_draft_cost)
+            self.draft_samples.setdefault(src, deque([(1, self.prior_cost(src))], maxlen=16))
+            self.draft_cost.setdefault(src, self.prior_cost(src))
             self.draft_fixed.setdefault(src, 0.0)
             return
         # model drafters report their forward time; for model-free drafters the draft stage is the cost

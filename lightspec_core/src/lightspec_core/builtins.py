@@ -79,7 +79,7 @@ def lightspec_register_strategies(register):
             "window": "sliding window of verifies for the confidence threshold (16)",
             "min_confidence": "initial confidence threshold (0.3)",
             "beta": "initial verify cost slope per token (0.12)",
-            "draft_cost": "initial cost of one draft token vs a target step (0.05)",
+            "draft_cost": "initial cost of one draft token vs a target step (0.05; a batch starts from each drafter's draft_cost_hints())",
             "decay": "per-step decay of the acceptance counts (0.9)",
             "guard": "throughput guard: decode plainly for a while when speculation measured slower (true)",
             "batch_margin": "with several rows, draft only for a modelled gain of at least this factor (1.15)",

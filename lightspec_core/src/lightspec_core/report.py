@@ -18,7 +18,9 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
         f"- model: `{report['model']}`" + (f", draft: `{report['draft_model']}`" if report.get("draft_model") else ""),
         f"- device: {report['device']} ({m.get('gpu') or m['platform']}, {m['threads']} threads), dtype {report['dtype']}",
         f"- python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
-        f"- max new tokens {report['max_new_tokens']}; every batch run {report.get('repeat', 1)}× (interleaved)"
+        f"- max new tokens {report['max_new_tokens']}; every batch run {report.get('repeat', 1)}× "
+        + ("(the methods in lockstep: one decoding step of each in turn, each timed on its own)"
+           if report.get("interleave") == "step" else "(interleaved batch by batch)")
         + (f", batched runs {report['batch_repeat']}×" if report.get("batch_repeat", report.get("repeat", 1)) != report.get("repeat", 1) else "")
         + "; "
         f"sampled runs {'seeded from ' + str(report['seed']) if report.get('seed') is not None else 'unseeded'}; "
