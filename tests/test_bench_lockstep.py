@@ -49,3 +49,17 @@ def test_lockstep_reports_a_failing_method_and_finishes_the_others():
     run_lockstep([bad, good], [[1]], 8, None, True, torch.device("cpu"), failed)
     assert failed == {"bad": "RuntimeError: bad broke"}
     assert log.count("good") == 3 and log.count("bad") == 2
+
+
+def test_peak_memory_counts_what_a_run_allocates_even_when_the_heap_is_already_grown():
+    """In-use bytes, not the resident set: a second allocation of the same size, reusing
+    the heap the first one grew, still counts."""
+    from lightspec_core.bench import PeakMemory
+
+    cpu = torch.device("cpu")
+    for _ in range(2):
+        with PeakMemory(cpu, interval=0.001) as mem:
+            x = torch.ones(2_000_000)  # 7.6 MB
+            time.sleep(0.02)
+            del x
+        assert mem.extra >= 6.0, mem.extra

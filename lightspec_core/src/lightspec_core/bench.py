@@ -66,13 +66,25 @@ class MethodResult:
         }
 
 
-class PeakRSS:
-    """Peak resident memory above the level at start, sampled periodically
-    (CPU, every 20 ms); on CUDA, peak allocated memory above the start."""
+# lockstep runs measure peak memory this many times per method and workload and keep the
+# lowest: the first run may include one-time allocations (measured: `none` at batch 8,
+# 128 MB on its first run, 111 MB on its second)
+MEMORY_RUNS = 2
 
-    def __init__(self, device: torch.device, enabled: bool = True):
+
+class PeakMemory:
+    """Peak memory in use above the level at start: on CUDA, PyTorch's peak allocated
+    memory; on the CPU, the C heap's bytes in use (glibc's ``mallinfo2``: where PyTorch's
+    CPU tensors live), sampled every 20 ms, or the resident set where that is not
+    available.  In-use bytes, not the resident set: once an earlier run has grown the
+    heap, a run that reuses it adds no resident memory however much it allocates (in
+    lockstep every method's allocations grow it first, and each method's own run then
+    measured +0.0 MB)."""
+
+    def __init__(self, device: torch.device, enabled: bool = True, interval: float = 0.02):
         self.device = device
         self.enabled = enabled
+        self.interval = interval  # 20 ms during a timed run: sampling more often steals the GIL from it
         self.extra = 0.0
 
     def __enter__(self):
@@ -83,15 +95,15 @@ class PeakRSS:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
             return self
-        self.base = self.peak = _rss()
+        self.base = self.peak = _cpu_memory()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
         return self
 
     def _poll(self):
-        while not self.stop.wait(0.02):  # 20 ms: sampling more often steals the GIL from the run
-            self.peak = max(self.peak, _rss())
+        while not self.stop.wait(self.interval):
+            self.peak = max(self.peak, _cpu_memory())
 
     def __exit__(self, *exc):
         if not self.enabled:
@@ -102,8 +114,38 @@ class PeakRSS:
         else:
             self.stop.set()
             self.thread.join()
-            self.peak = max(self.peak, _rss())
+            self.peak = max(self.peak, _cpu_memory())
             self.extra = (self.peak - self.base) / 2**20
+
+
+def _heap_in_use():
+    """A function returning the C heap's bytes in use (glibc), or None elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                    "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError, TypeError):
+        return None
+    fn.restype = MallInfo2
+
+    def in_use() -> int:
+        m = fn()
+        return m.uordblks + m.hblkhd  # allocated chunks + mmap-ed blocks (large tensors)
+
+    return in_use
+
+
+_HEAP = _heap_in_use() if platform.system() == "Linux" else None
+
+
+def _cpu_memory() -> int:
+    return _HEAP() if _HEAP is not None else _rss()
 
 
 def _rss() -> int:
@@ -141,7 +183,7 @@ class HFMethod:
         runs time the method from outside); without it the run times itself."""
         res = self.result
         extra = {"streamer": _StepStreamer(pause)} if pause else {}
-        with torch.inference_mode(), PeakRSS(self.device, enabled=pause is None) as mem:
+        with torch.inference_mode(), PeakMemory(self.device, enabled=pause is None) as mem:
             for p in chunk:  # HF assisted generation is batch-1 only: HF baselines run prompt by prompt
                 ids = torch.tensor([p], device=self.device)
                 _sync(self.device)
@@ -160,12 +202,16 @@ class HFMethod:
 
     def measure_memory(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
         """Lockstep runs: peak memory comes from one untimed run of ``chunk`` on its own
-        (interleaved methods share the process's resident set)."""
-        with torch.inference_mode(), PeakRSS(self.device) as mem:
-            for p in chunk:
-                ids = torch.tensor([p], device=self.device)
-                self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, **self.kwargs)
-        self.result.peak_extra_mb = max(self.result.peak_extra_mb, mem.extra)
+        (interleaved methods share the process's memory), sampled every 2 ms (untimed:
+        it may take the GIL that often)."""
+        peaks = []
+        for _ in range(MEMORY_RUNS):
+            with torch.inference_mode(), PeakMemory(self.device, interval=0.002) as mem:
+                for p in chunk:
+                    ids = torch.tensor([p], device=self.device)
+                    self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, **self.kwargs)
+            peaks.append(mem.extra)
+        self.result.peak_extra_mb = max(self.result.peak_extra_mb, min(peaks))
 
     def finish(self) -> None:
         pass
@@ -208,7 +254,7 @@ class LightSpecMethod:
         if step_end:
             self.pipe.bound.sinks.append(step_end)
         try:
-            with PeakRSS(self.pipe.device, enabled=pause is None) as mem:
+            with PeakMemory(self.pipe.device, enabled=pause is None) as mem:
                 _sync(self.pipe.device)
                 t0 = time.perf_counter()
                 outs = self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature,
@@ -239,10 +285,13 @@ class LightSpecMethod:
     def measure_memory(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
         """As ``HFMethod.measure_memory`` (its steps do not count in the statistics)."""
         logged = len(self.steps_log)
-        with PeakRSS(self.pipe.device) as mem:
-            self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature, seed=seed)
+        peaks = []
+        for _ in range(MEMORY_RUNS):
+            with PeakMemory(self.pipe.device, interval=0.002) as mem:
+                self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature, seed=seed)
+            peaks.append(mem.extra)
         del self.steps_log[logged:]
-        self.result.peak_extra_mb = max(self.result.peak_extra_mb, mem.extra)
+        self.result.peak_extra_mb = max(self.result.peak_extra_mb, min(peaks))
 
     def finish(self) -> None:
         self.result.overhead_s = sum(e.overhead_s for e in self.steps_log)
@@ -438,8 +487,8 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
 
     * ``interleave="step"`` (the default): every method runs the same batch of prompts at
       the same time, in lockstep: one decoding step of each method in turn (``Lane``),
-      each timed on its own.  Peak memory then comes from one extra, untimed run of the
-      first batch per method, alone, after the timed runs.
+      each timed on its own.  Peak memory then comes from extra, untimed runs of the
+      first batch per method, alone, after the timed runs (the lower of two).
     * ``"batch"``: each batch of prompts is run by every method in turn before the next
       batch starts, each run timed from start to end.
 
