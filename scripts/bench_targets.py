@@ -89,7 +89,7 @@ def main(path: str) -> None:
                 extra += [r[n]["peak_extra_mb"] - r["none"]["peak_extra_mb"] for n in r if r[n]["family"] == "lightspec"]
         weights_mb = target_weights_mb(report)
         rows.append(("issue 2: speculation adds ≤ 10% peak memory over the target alone",
-                     f"at most {max(extra):+.1f} MB of peak RSS over `none` on the same prompts; the target's "
+                     f"at most {max(extra):+.1f} MB of peak memory (C heap in use) over `none` on the same prompts; the target's "
                      f"{report['dtype']} weights are {weights_mb:.0f} MB (draft weights are loaded before the measurement)",
                      max(extra) <= 0.10 * weights_mb))
         low = []
