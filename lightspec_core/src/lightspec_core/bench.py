@@ -75,8 +75,8 @@ MEMORY_RUNS = 2
 class PeakMemory:
     """Peak memory in use above the level at start: on CUDA, PyTorch's peak allocated
     memory; on the CPU, the C heap's bytes in use (glibc's ``mallinfo2``: where PyTorch's
-    CPU tensors live), sampled every 20 ms, or the resident set where that is not
-    available.  In-use bytes, not the resident set: once an earlier run has grown the
+    CPU tensors live), sampled every ``interval`` seconds, or the resident set where that
+    is not available.  In-use bytes, not the resident set: once an earlier run has grown the
     heap, a run that reuses it adds no resident memory however much it allocates (in
     lockstep every method's allocations grow it first, and each method's own run then
     measured +0.0 MB)."""
@@ -158,7 +158,28 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
-class HFMethod:
+class _Method:
+    """What HF and LightSpec methods share: the lockstep runs' memory measurement."""
+
+    result: MethodResult
+    device: torch.device
+
+    def measure_memory(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
+        """Lockstep runs: peak memory comes from untimed runs of ``chunk`` on their own
+        (interleaved methods share the process's memory), the lowest of ``MEMORY_RUNS``,
+        sampled every 2 ms (untimed: it may take the GIL that often)."""
+        peaks = []
+        for _ in range(MEMORY_RUNS):
+            with PeakMemory(self.device, interval=0.002) as mem:
+                self._generate_untimed(chunk, max_new, seed)
+            peaks.append(mem.extra)
+        self.result.peak_extra_mb = max(self.result.peak_extra_mb, min(peaks))
+
+    def _generate_untimed(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
+        raise NotImplementedError
+
+
+class HFMethod(_Method):
     """HF transformers ``generate`` with extra arguments (prompt lookup, assistant model, ...)."""
 
     family = "hf"
@@ -200,18 +221,11 @@ class HFMethod:
         if pause is None:
             res.peak_extra_mb = max(res.peak_extra_mb, mem.extra)
 
-    def measure_memory(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
-        """Lockstep runs: peak memory comes from one untimed run of ``chunk`` on its own
-        (interleaved methods share the process's memory), sampled every 2 ms (untimed:
-        it may take the GIL that often)."""
-        peaks = []
-        for _ in range(MEMORY_RUNS):
-            with torch.inference_mode(), PeakMemory(self.device, interval=0.002) as mem:
-                for p in chunk:
-                    ids = torch.tensor([p], device=self.device)
-                    self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, **self.kwargs)
-            peaks.append(mem.extra)
-        self.result.peak_extra_mb = max(self.result.peak_extra_mb, min(peaks))
+    def _generate_untimed(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
+        with torch.inference_mode():
+            for p in chunk:
+                ids = torch.tensor([p], device=self.device)
+                self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, **self.kwargs)
 
     def finish(self) -> None:
         pass
@@ -231,13 +245,14 @@ class _StepStreamer:
         pass
 
 
-class LightSpecMethod:
+class LightSpecMethod(_Method):
     """One LightSpec pipeline; its per-step statistics are collected while it runs."""
 
     family = "lightspec"
 
     def __init__(self, pipe, label: str, temperature: float):
         self.pipe, self.temperature = pipe, temperature
+        self.device = pipe.device
         self.result = MethodResult(label, "lightspec")
         self.steps_log: list = []
         self.collect = lambda event: self.steps_log.append(event) if event.kind == "step" else None
@@ -254,12 +269,12 @@ class LightSpecMethod:
         if step_end:
             self.pipe.bound.sinks.append(step_end)
         try:
-            with PeakMemory(self.pipe.device, enabled=pause is None) as mem:
-                _sync(self.pipe.device)
+            with PeakMemory(self.device, enabled=pause is None) as mem:
+                _sync(self.device)
                 t0 = time.perf_counter()
                 outs = self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature,
                                           seed=seed)
-                _sync(self.pipe.device)
+                _sync(self.device)
                 if pause is None:
                     res.seconds += time.perf_counter() - t0
         finally:
@@ -282,16 +297,10 @@ class LightSpecMethod:
                 res.pos_drafted[j] += d
                 res.pos_accepted[j] += a
 
-    def measure_memory(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
-        """As ``HFMethod.measure_memory`` (its steps do not count in the statistics)."""
+    def _generate_untimed(self, chunk: list[list[int]], max_new: int, seed: int | None) -> None:
         logged = len(self.steps_log)
-        peaks = []
-        for _ in range(MEMORY_RUNS):
-            with PeakMemory(self.pipe.device, interval=0.002) as mem:
-                self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature, seed=seed)
-            peaks.append(mem.extra)
-        del self.steps_log[logged:]
-        self.result.peak_extra_mb = max(self.result.peak_extra_mb, min(peaks))
+        self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature, seed=seed)
+        del self.steps_log[logged:]  # untimed steps do not count in the statistics
 
     def finish(self) -> None:
         self.result.overhead_s = sum(e.overhead_s for e in self.steps_log)
