@@ -124,6 +124,12 @@ def _functions(src: str):
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
+# PROMPT_BOUNDARY: code and edit prompts end at the end of a line, without its newline.
+# The BPE merges a newline with the next line's indent ("\n   " is one token), so text
+# that ends in a bare "\n" before an indented line is a split the tokenizer never makes:
+# the zoo target, given one, wrote unindented text or re-wrote the prompt's last line
+# (edit-000: "def gzip_decode(new_data, max_decode=248, max_decode=248, ...").  Ending on
+# the line lets the model choose the newline-and-indent token itself, as in its training.
 def code_prompts(files, rng, n):
     cands = []
     for rel, text in files:
@@ -138,7 +144,8 @@ def code_prompts(files, rng, n):
             head = lines[f.lineno - 1 - len(f.decorator_list):body_start]  # decorators + header (+docstring)
             if len("\n".join(head)) > 900:
                 continue
-            prompt = "\n".join(head + lines[body_start:body_start + 3]) + "\n"
+            # end on the last non-blank line, not after its newline: see PROMPT_BOUNDARY
+            prompt = "\n".join(head + lines[body_start:body_start + 3]).rstrip("\n")
             cands.append((rel, f.lineno, prompt))
     return _pick(cands, rng, n, "code")
 
@@ -196,7 +203,7 @@ def edit_prompts(files, rng, n):
             new = "new_" + old if not old.startswith("_") else "renamed" + old
             first = rename_word(code, old, new).split("\n")[0]
             prompt = (f"# Original:\n{code}\n\n# The same function with `{old}` renamed to `{new}`:\n"
-                      f"{first}\n")
+                      f"{first}")  # no trailing newline: see PROMPT_BOUNDARY
             cands.append((rel, f.lineno, prompt))
     return _pick(cands, rng, n, "edit")
 

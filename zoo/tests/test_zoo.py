@@ -154,3 +154,21 @@ def test_spec_bench_copied_with_licence():
     q = json.loads(lines[0])
     assert {"question_id", "category", "turns"} <= set(q)
     assert "Apache" in (PROMPTS / "spec_bench" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("wl", ["code", "edit"])
+def test_code_prompts_end_where_the_tokenizer_splits(wl):
+    """A code prompt must end at a token boundary the tokenizer makes on its own: the BPE
+    joins a newline to the next line's indent, so a prompt ending in a bare newline asks
+    the model to continue from a split it never saw (the target then wrote unindented
+    text).  Each prompt's tokens must be a prefix of the tokens of the prompt followed by
+    an indented next line."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(lightspec_zoo.model_path())
+    for it in _load(wl):
+        p = it["prompt"]
+        assert not p.endswith("\n"), it["id"]
+        ids = tok(p)["input_ids"]
+        longer = tok(p + "\n        x = 1\n")["input_ids"]
+        assert longer[: len(ids)] == ids, it["id"]
