@@ -49,6 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .weight_layout import column_major, is_column_major
+
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 
@@ -162,7 +164,9 @@ class LeanDecoder:
             return
         ids = token_ids.to(self.head.weight.device)
         self.out_ids = ids
-        self.out_weight = self.head.weight.index_select(0, ids)
+        rows = self.head.weight.index_select(0, ids)
+        # keep the head's storage order (weight_layout: column-major is faster on the CPU)
+        self.out_weight = column_major(rows) if is_column_major(self.head.weight) else rows
         bias = getattr(self.head, "bias", None)
         self.out_bias = None if bias is None else bias.index_select(0, ids)
 
@@ -342,6 +346,8 @@ class _Fused:
     def of(cls, blk: _Block) -> "_Fused":
         def cat(*pairs):
             weight = torch.cat([w for w, _ in pairs]).detach()
+            if all(is_column_major(w) for w, _ in pairs):  # keep weight_layout's storage order
+                weight = column_major(weight)
             biases = [b for _, b in pairs]
             if all(b is None for b in biases):
                 return weight, None
