@@ -8,13 +8,13 @@ CPU the BLAS then multiplies by a transposed operand.  Holding the same values a
 =============  ==========================  =============================
 rows (tokens)  zoo target's projections     lm_head 384 x 8192
 =============  ==========================  =============================
-1              1.3-1.7x faster              1.07x
-8              1.4x                         2.2x
+1              1.3-3x faster                1.06x
+8              1.35-1.5x                    2.2x
 64-2400        0.8-1.2x (noise level)       0.8-1.1x
 =============  ==========================  =============================
 
-so a one-token decode step and a verify over a few tokens gain (end to end at batch 1:
-8-12% more tokens/s for the zoo target, HF's own ``generate`` on the same model alike),
+so a one-token decode step and a verify over a few tokens gain (end to end at batch 1, in lockstep:
+7-12% more tokens/s for the zoo target, HF's own ``generate`` on the same model alike),
 while prefill is unchanged.  The values are the same; only the summation order inside
 the BLAS differs (|diff| ~ 1e-5 in the logits), so the model is changed once, when
 LightSpec loads it, and every method that runs on it (LightSpec, and HF's ``generate`` in
