@@ -22,7 +22,7 @@ from models import ToyTokenizer, build_model, cached_model
 
 from lightspec_core import MTPPipeline
 from lightspec_core.interfaces import DraftProposal, RowHistory, StepContext
-from lightspec_core.sampling import SamplingParams, warp_logits, warped_probs
+from lightspec_core.sampling import SamplingParams, exponential_noise, warp_logits, warped_probs
 from lightspec_core.verify import verify_chain
 
 VOCAB = 10
@@ -345,3 +345,24 @@ def test_sampling_params_validation():
         with pytest.raises(ValueError):
             SamplingParams(**bad)
     assert SamplingParams().greedy and not SamplingParams(temperature=0.5).greedy
+
+
+def test_exponential_noise_is_exp1_per_row_and_samples_p():
+    """``exponential_noise``: Exp(1) values (mean, variance and quantiles), each row from its
+    own generator (same seed, same row, whatever the other rows), and argmax(p / noise)
+    draws from p (the exponential race)."""
+    gens = [torch.Generator().manual_seed(s) for s in (1, 2)]
+    e = exponential_noise(gens, 200_000, torch.device("cpu"))
+    assert e.shape == (2, 200_000) and bool((e >= 0).all()) and not bool(e.isnan().any())
+    for row in e:
+        assert abs(float(row.mean()) - 1.0) < 0.01 and abs(float(row.var()) - 1.0) < 0.03
+        qs = torch.quantile(row[:100_000], torch.tensor([0.25, 0.5, 0.9]))
+        assert torch.allclose(qs, -torch.log1p(-torch.tensor([0.25, 0.5, 0.9])), atol=0.02)
+    again = exponential_noise([torch.Generator().manual_seed(2)], 200_000, torch.device("cpu"))
+    assert torch.equal(again[0], e[1])
+    p = torch.tensor([0.5, 0.3, 0.2, 0.0])
+    n = 60_000
+    g = torch.Generator().manual_seed(3)
+    picks = (p / exponential_noise([g] * n, 4, torch.device("cpu"))).argmax(-1)
+    freq = torch.bincount(picks, minlength=4).float() / n
+    assert torch.allclose(freq, p, atol=0.01) and int(freq[3] * n) == 0

@@ -19,6 +19,7 @@ _LAZY = {
     "SamplingParams": "sampling",
     "warp_logits": "sampling",
     "warped_probs": "sampling",
+    "exponential_noise": "sampling",
     "get_registry": "plugins",
 }
 

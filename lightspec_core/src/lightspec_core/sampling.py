@@ -63,6 +63,18 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return x
 
 
+def exponential_noise(generators: list[torch.Generator], vocab: int, device) -> torch.Tensor:
+    """Exp(1) noise ``[B, vocab]``, row b drawn from ``generators[b]``, for sampling a token
+    as ``argmax(p / noise)`` (the exponential race: exactly a draw from ``p``).
+
+    Drawn as ``-log(U)`` with U uniform on [0, 1): the same distribution as
+    ``Tensor.exponential_``, which on the CPU took 2.0-2.5 ms for 8 x 8,192 values against
+    0.47 ms for this (1 thread); a sampled batch of 8 draws such a tensor on every step,
+    and a model drafter on every draft position.  U = 0 gives +inf, whose quotient is 0,
+    so a token is never picked through it."""
+    return torch.stack([torch.rand(vocab, generator=g, device=device) for g in generators]).log_().neg_()
+
+
 def warped_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """``softmax(warp_logits(logits))`` in fp32, shape as ``logits``."""
     return warp_logits(logits, params).softmax(dim=-1)

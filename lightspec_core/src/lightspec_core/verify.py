@@ -13,7 +13,7 @@ from lightspec_kernels import chain_verify
 
 from .hookspecs import hookimpl
 from .interfaces import DraftProposal, StepContext, VerifyResult
-from .sampling import warped_probs
+from .sampling import exponential_noise, warped_probs
 
 
 class StandardVerifier:
@@ -49,7 +49,7 @@ def random_inputs(generators: list[torch.Generator], k: int, vocab: int, device)
 
     The noise is drawn first, then the uniforms, so a row that drafts nothing gets exactly
     the noise ``sample_next`` would use: its token does not depend on other rows' drafts."""
-    exps = torch.stack([torch.empty(vocab, device=device).exponential_(generator=g) for g in generators])
+    exps = exponential_noise(generators, vocab, device)
     uniforms = torch.stack([torch.rand(k, generator=g, device=device) for g in generators])
     return uniforms, exps
 
@@ -59,5 +59,4 @@ def sample_next(logits: torch.Tensor, ctx_sampling, generators) -> torch.Tensor:
     if ctx_sampling.greedy:
         return logits.argmax(dim=-1)
     p = warped_probs(logits, ctx_sampling)
-    exps = torch.stack([torch.empty(p.shape[-1], device=p.device).exponential_(generator=g) for g in generators])
-    return (p / exps).argmax(dim=-1)
+    return (p / exponential_noise(generators, p.shape[-1], p.device)).argmax(dim=-1)

@@ -26,7 +26,7 @@ from ..interfaces import DraftProposal, StepContext
 from ..kvcache import BatchedKV, SlabLayer, takes_logits_to_keep
 from ..lean_decoder import LeanDecoder, lean_decoder
 from ..model_parts import decoder_layers, early_exit_view, num_layers
-from ..sampling import warp_logits
+from ..sampling import exponential_noise, warp_logits
 
 TOKEN_MAP_FILE = "token_map.json"
 
@@ -189,7 +189,7 @@ class ModelDrafter:
                 tok = arg
             else:
                 q = warp_logits(logits, sampling).softmax(dim=-1)
-                noise = torch.stack([torch.empty(q.shape[-1], device=dev).exponential_(generator=g) for g in ctx.generators])
+                noise = exponential_noise(ctx.generators, q.shape[-1], dev)
                 tok = (q / noise).argmax(dim=-1)
                 probs[:, j] = q
             tokens[:, j] = tok
