@@ -127,6 +127,19 @@ class TokenData:
                                              for s in starts[i:i + bs]]))
 
 
+def describe_finetune_data(train_meta: dict) -> str:
+    """One line for the model card: what a fine-tuning data folder's meta.json says it holds."""
+    if "new_tokens" in train_meta:  # make_onpolicy_data.py
+        every = train_meta.get("sampled_every", 0)
+        how = (f"greedy; one batch in {every} sampled at temperature {train_meta.get('temperature')}" if every
+               else "greedy")
+        return (f"{train_meta['sequences']:,} sequences: a {train_meta['prompt_len']}-token window of the copy "
+                f"fine-tuning mixture continued by {train_meta['new_tokens']} tokens of the target's own output "
+                f"({how})")
+    return (f"{train_meta.get('copy_documents', 0):,} copy documents ({train_meta.get('copy_tokens', 0):,} tokens) "
+            f"and {train_meta.get('general_tokens', 0):,} tokens of the pre-training text")
+
+
 # ----------------------------------------------------------------------------- model
 
 def build_model(args, vocab_size: int, eot_id: int):
@@ -277,10 +290,8 @@ def model_card(args, name, model, log, data_meta, final_eval, device, teacher_di
         "",
         "## Training", "",
         *([f"- fine-tuned from `{name_of(args.init_from)}` (its weights were the starting point; this card "
-           f"describes the fine-tuning run) on the mixture in `{args.data}`: {data_meta.get('made_by', 'see meta.json')}; "
-           f"{data_meta.get('train', {}).get('copy_documents', 0):,} copy documents "
-           f"({data_meta.get('train', {}).get('copy_tokens', 0):,} tokens) and "
-           f"{data_meta.get('train', {}).get('general_tokens', 0):,} tokens of the pre-training text"]
+           f"describes the fine-tuning run) on `{args.data}`: {data_meta.get('made_by', 'see meta.json')}; "
+           + describe_finetune_data(data_meta.get("train", {}))]
           if getattr(args, "init_from", None) else []),
         "- objective: " + (f"distillation from `{teacher_dir}`: {args.kd_alpha} x CE + {1 - args.kd_alpha:.2f} x "
                            f"T^2 KL(teacher || student), T={args.kd_temp}" if teacher_dir else "next-token cross-entropy"),
