@@ -26,14 +26,30 @@ mkdir -p "$BUILD"
   --draft "$BUILD/draft-onpolicy" --limit 8 --threads "$THREADS" --json "$BUILD/draft-onpolicy/acceptance.json"
 rm -rf "$MODELS/draft" && cp -r "$BUILD/draft-onpolicy" "$MODELS/draft"
 mv "$MODELS/draft/acceptance.json" "$MODELS/draft/acceptance_eval.json"
-"$PY" - "$BUILD/draft-before-onpolicy/README.md" "$MODELS/draft/README.md" <<'PYEOF'
-import re, sys
-old, new = (open(p).read() for p in sys.argv[1:])
+"$PY" - "$BUILD/draft-before-onpolicy/README.md" "$MODELS/draft/README.md" "$MODELS/draft/acceptance_eval.json" <<'PYEOF'
+import json, re, sys
+old, new = (open(p).read() for p in sys.argv[1:3])
+new = new.replace("fine-tuned from `draft-before-onpolicy` (its weights",
+                  "fine-tuned from `draft` as shipped before this run (the copy fine-tuned draft below; its weights", 1)
 # the earlier card's stages, from its "## Training" up to "## Use", become this card's history
 earlier = re.search(r"\n## Training\n(.*?)\n## Use", old, re.S).group(1).strip()
-earlier = re.sub(r"^## ", "### ", earlier, flags=re.M)
+earlier = re.sub(r"^## ", "### ", earlier, flags=re.M).replace("### Held-out evaluation\n",
+                                                              "Held-out evaluation after copy fine-tuning:\n", 1)
 new = new.replace("## Held-out evaluation", "## Earlier stages (the starting point)\n\n### Copy fine-tuning\n\n"
                   + earlier + "\n\n## Held-out evaluation", 1)
+acc = json.load(open(sys.argv[3]))
+before, now = acc["results"].values()
+rows = ["| workload | top-1 before | top-1 now | accepted before | accepted now |", "|---|---:|---:|---:|---:|"]
+rows += [f"| {w} | {before[w]['top1']:.3f} | {now[w]['top1']:.3f} | {before[w]['accepted']:.2f} | {now[w]['accepted']:.2f} |"
+         for w in before]
+a = acc["args"]
+new = new.replace("## Use\n", "## Acceptance on the target's own output\n\n"
+    "What a draft is for: predicting what the target writes. `zoo/scripts/eval_draft_acceptance.py` lets the target "
+    f"write {a['new_tokens']} tokens greedily after each of the first {a['limit']} prompts of every benchmark workload "
+    f"(held-out files), then at every position drafts a greedy chain of k = {a['k']} from the same context "
+    f"(the last {a['draft_context']} tokens) and counts the tokens accepted before the first miss. "
+    "Before: the copy fine-tuned draft this run started from. Numbers in `acceptance_eval.json`.\n\n"
+    + "\n".join(rows) + "\n\n## Use\n", 1)
 open(sys.argv[2], "w").write(new)
 PYEOF
 du -sh "$MODELS"/*
