@@ -81,13 +81,10 @@ def main(argv: list[str] | None = None) -> None:
                 s["positions"] += 1
                 s["top1"] += n > 0
                 s["accepted"] += n
-        for s in per.values():
+        per["all"] = {key: sum(s[key] for s in per.values()) for key in ("positions", "top1", "accepted")}
+        for s in per.values():  # counts -> rates
             s["top1"] = round(s["top1"] / s["positions"], 4)
             s["accepted"] = round(s["accepted"] / s["positions"], 4)
-        allpos = sum(s["positions"] for s in per.values())
-        per["all"] = {"positions": allpos,
-                      "top1": round(sum(s["top1"] * s["positions"] for s in per.values()) / allpos, 4),
-                      "accepted": round(sum(s["accepted"] * s["positions"] for s in per.values()) / allpos, 4)}
         results[d] = per
         print(f"\n{d} (k={args.k})")
         print(f"{'workload':12s} {'top1':>6s} {'accepted':>9s} {'tokens/verify':>14s}")
