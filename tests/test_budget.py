@@ -147,6 +147,21 @@ def test_a_batch_shares_one_draft_length():
     assert len(set(k_of(p, [history(40, 1)] * 8))) == 1 and k_of(p, [history(40, 1)] * 8)[0] >= 3
 
 
+def test_a_single_row_lets_model_free_drafters_go_past_k_but_a_batch_does_not():
+    """k is the row's average; an n-gram lookup knows how long its match is and pays only
+    verify width, so one row that speculates lifts the free drafters' limit to
+    free_max_draft.  Not when it does not speculate, not in a batch, not when seeded."""
+    p = DynamicBudget(free_max_draft=16)
+    p.lightspec_on_stats(step(1, T1))
+    good = [history(accepted=20, rejected=2)]
+    b = p.lightspec_budget(ctx(good))
+    assert 0 < int(b.max_draft[0]) < 16 and b.free_max_draft == [16]
+    assert p.lightspec_budget(ctx([history(accepted=0, rejected=20)])).free_max_draft is None  # k = 0
+    assert p.lightspec_budget(ctx(good * 4)).free_max_draft is None
+    assert p.lightspec_budget(ctx(good, deterministic=True)).free_max_draft is None
+    assert DynamicBudget(free_max_draft=0).lightspec_budget(ctx(good)).free_max_draft is None
+
+
 def test_seeded_sampling_decides_from_acceptance_only():
     p = DynamicBudget()
     good = [history(accepted=20, rejected=2)]
@@ -370,7 +385,7 @@ def test_the_guard_lets_speculation_that_pays_run():
 @pytest.mark.parametrize("kw, bad", [({"max_draft": 0}, "max_draft=0"), ({"beta": -1}, "beta=-1"),
                                      ({"draft_cost": "x"}, "draft_cost='x'"), ({"min_confidence": 1.5}, "min_confidence=1.5"),
                                      ({"decay": 1}, "decay=1"), ({"window": 0}, "window=0"), ({"guard": "no"}, "guard='no'"),
-                                     ({"batch_margin": 0.9}, "batch_margin=0.9")])
+                                     ({"batch_margin": 0.9}, "batch_margin=0.9"), ({"free_max_draft": -1}, "free_max_draft=-1")])
 def test_dynamic_rejects_bad_options(kw, bad):
     with pytest.raises(ValueError, match=bad):
         DynamicBudget(**kw)

@@ -537,3 +537,57 @@ def test_draft_model_batch_context_shrinks_the_draft_prefill_with_the_batch():
     assert ModelDrafter(max_context=0, batch_context=0).context_span(8) == 0  # the whole prompt
     with pytest.raises(ValueError, match="batch_context=-1 is invalid"):
         ModelDrafter(batch_context=-1)
+
+
+class LooseBudget:
+    """k = 2 for every row, and a looser limit of 6 for model-free drafters."""
+
+    name = "loose"
+
+    @hookimpl
+    def lightspec_budget(self, ctx):
+        from lightspec_core import Budget
+
+        B = ctx.batch
+        return Budget(max_draft=torch.full((B,), 2, dtype=torch.long), min_confidence=torch.zeros(B),
+                      free_max_draft=[6] * B)
+
+
+class OracleFreeDrafter:
+    """Drafts the reference continuation, up to the free limit (plus ``extra``)."""
+
+    name = "oracle_free"
+
+    def __init__(self, refs, prompts, extra: int = 0):
+        self.refs, self.prompts, self.extra = refs, prompts, extra
+        self.seen_free: list[int] = []
+
+    @hookimpl
+    def lightspec_propose(self, ctx):
+        B = ctx.batch
+        free = ctx.free_max_draft_list
+        assert free is not None and all(f >= m for f, m in zip(free, ctx.max_draft_list))
+        self.seen_free += free
+        drafts = []
+        for b, rid in enumerate(ctx.row_ids):
+            done = len(ctx.sequences[b]) - len(self.prompts[rid])
+            drafts.append(self.refs[rid][done : done + free[b] + self.extra])
+        k = max(len(d) for d in drafts)
+        tokens = torch.zeros(B, max(k, 1), dtype=torch.long)
+        for b, d in enumerate(drafts):
+            tokens[b, : len(d)] = torch.tensor(d, dtype=torch.long)
+        return DraftProposal(tokens=tokens, lengths=torch.tensor([len(d) for d in drafts]), source=self.name)
+
+
+def test_a_budget_free_limit_lets_model_free_drafters_go_past_k(model, tok, refs):
+    drafter = OracleFreeDrafter(refs, PROMPTS)
+    pipe = MTPPipeline(model, tok, strategy=drafter, budget=LooseBudget())
+    out = pipe.generate(PROMPTS[:1], max_new_tokens=N_NEW, ignore_eos=True)
+    assert out[0].token_ids == refs[0][:N_NEW]
+    assert not out[0].stats.failures
+    assert max(drafter.seen_free) == 6 and sum(out[0].stats.per_position_accepted[2:]) > 0  # accepted past k = 2
+    # past the free limit: rejected, that step decodes plainly
+    over = MTPPipeline(model, tok, strategy=OracleFreeDrafter(refs, PROMPTS, extra=1), budget=LooseBudget())
+    out = over.generate(PROMPTS[:1], max_new_tokens=8, ignore_eos=True)
+    assert out[0].token_ids == refs[0][:8]
+    assert out[0].stats.failures and "allowed 0..6" in out[0].stats.failures[0]

@@ -1,6 +1,7 @@
-"""The n-gram drafter's match-length-aware draft cut: it learns, per match length and
-draft position, how often the target accepts, and stops a draft where the chance that
-all of it is accepted falls below ``min_accept``."""
+"""The n-gram drafter's match-length-aware draft cut: it learns, per match class (how
+far back the context agrees with the earlier occurrence) and draft position, how often
+the target accepts, and stops a draft where the chance that all of it is accepted falls
+below ``min_accept``; a budget's looser limit for model-free drafters lets it go past k."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import torch
 from lightspec_core.interfaces import RowHistory, StepContext
 from lightspec_core.sampling import SamplingParams
 from lightspec_core.stats import StepStats
-from lightspec_core.strategies.ngram import NgramDrafter
+from lightspec_core.strategies.ngram import NgramDrafter, match_class
 
 
-def ctx(seq: list[int], k: int = 8, deterministic: bool = False) -> StepContext:
+def ctx(seq: list[int], k: int = 8, deterministic: bool = False, free: int | None = None) -> StepContext:
     return StepContext(step=0, sequences=[list(seq)], row_ids=[0], max_draft=torch.tensor([k]), max_draft_list=[k],
                        min_confidence=torch.zeros(1), sampling=SamplingParams(), generators=[], history=[RowHistory()],
                        target=None, tokenizer=None, device=torch.device("cpu"), vocab_size=100,
-                       deterministic=deterministic)
+                       deterministic=deterministic, free_max_draft_list=None if free is None else [free])
 
 
 def verified(drafted: int, accepted: int) -> StepStats:
@@ -80,3 +81,53 @@ def test_learns_that_single_token_matches_pay_and_drafts_them_deeper():
 def test_min_accept_is_checked():
     with pytest.raises(ValueError, match="min_accept=1.5 is invalid"):
         NgramDrafter(min_accept=1.5)
+
+
+# the context's last 20 tokens (30..49) repeat an earlier stretch, which went on with 100..119
+COPY = list(range(30, 50)) + list(range(100, 120)) + [7, 8] + list(range(30, 50))
+
+
+def test_matches_are_classed_by_how_far_back_the_context_agrees():
+    assert [match_class(n) for n in (1, 2, 3, 4, 7, 8, 15, 16, 40)] == [1, 2, 3, 4, 4, 8, 8, 16, 16]
+    d = NgramDrafter()
+    d.lightspec_propose(ctx(LONG))
+    assert d.pending[0][0] == 4  # 10 11 12 13: nothing before the earlier occurrence
+    d.reset()
+    d.lightspec_propose(ctx(COPY))
+    assert d.pending[0][0] == 16  # found as a 4-gram, agreeing 16+ tokens back
+    d.reset()
+    d.lightspec_propose(ctx(SHORT))
+    assert d.pending[0][0] == 1
+
+
+def test_each_class_learns_on_its_own():
+    d = NgramDrafter()
+    for _ in range(20):  # long copies: every drafted token accepted
+        d.reset()
+        d.lightspec_propose(ctx(COPY, k=16))
+        n = d.pending[0][1]
+        d.lightspec_on_stats(event=verified(n, n))
+    assert d.acceptance(16, 0) > 0.9
+    assert d.acceptance(4, 0) == pytest.approx(0.7)  # 4-gram matches taught nothing
+    assert len(drafted(d, COPY, k=16)) == 16
+    assert drafted(d, LONG, k=16) == [14, 15, 16, 17]
+
+
+def test_a_looser_limit_for_free_drafters_lets_a_long_copy_go_past_k():
+    d = NgramDrafter()
+    for _ in range(20):
+        d.reset()
+        d.lightspec_propose(ctx(COPY, k=16))
+        n = d.pending[0][1]
+        d.lightspec_on_stats(event=verified(n, n))
+    assert len(drafted(d, COPY, k=2)) == 2
+    assert len(drafted(d, COPY, k=2, free=12)) == 12
+    assert len(drafted(NgramDrafter(max_draft=6), COPY, k=2, free=12)) <= 6
+    # the drafter's own cut still applies: a one-token match stays short
+    assert drafted(NgramDrafter(), SHORT, k=2, free=12) == [60]
+    # in a cascade the free limit counts the whole draft, the prefix included
+    c = ctx(COPY, k=2, free=12)
+    c.prefix, c.prefix_lengths = torch.tensor([[1, 2, 3]]), torch.tensor([3])
+    d.reset()
+    p = d.lightspec_propose(ctx=c)
+    assert p is None or int(p.lengths[0]) <= 9

@@ -114,6 +114,7 @@ class DynamicBudget:
         decay: float = 0.9,
         guard: bool = True,
         batch_margin: float = 1.15,
+        free_max_draft: int = 16,
     ):
         if not (isinstance(max_draft, int) and max_draft >= 1):
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
@@ -131,8 +132,11 @@ class DynamicBudget:
             raise ValueError(f"guard={guard!r} is invalid: use true or false")
         if not (isinstance(batch_margin, (int, float)) and not isinstance(batch_margin, bool) and batch_margin >= 1):
             raise ValueError(f"batch_margin={batch_margin!r} is invalid: use a number >= 1")
+        if not (isinstance(free_max_draft, int) and not isinstance(free_max_draft, bool) and free_max_draft >= 0):
+            raise ValueError(f"free_max_draft={free_max_draft!r} is invalid: use an integer >= 0")
         self.guard = guard
         self.max_draft = max_draft
+        self.free_max_draft = free_max_draft
         self.window = window
         self.base_confidence = min_confidence
         self.prior_beta = beta
@@ -231,7 +235,13 @@ class DynamicBudget:
                             for rid in ctx.row_ids]
                 fixed = self.spec_overhead + self.draft_fixed.get(src, 0.0)
                 by_source[src] = [min(k, self.best_k(src_accs, cost, fixed=fixed, hits=hits, scale=scale))] * B
-        return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus, by_source=by_source)
+        # a single row that speculates lets model-free drafters (n-gram lookup) size their own
+        # drafts: k comes from the row's average acceptance, while the lookup knows how long
+        # this match is (a 16-token copy holds far longer than a one-token match), and its
+        # draft costs only verify width.  A batch keeps k: every row pays the widest verify.
+        free = [max(k, self.free_max_draft)] if k and B == 1 and self.free_max_draft > k else None
+        return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus, by_source=by_source,
+                      free_max_draft=free)
 
     def _reproducible(self, ctx: StepContext, taus: torch.Tensor) -> Budget:
         """Seeded sampling: each row's k from its own acceptance and timing-free costs (the

@@ -36,7 +36,7 @@ def lightspec_register_strategies(register):
         "ngram",
         lazy(".strategies.ngram:NgramDrafter"),
         description="prompt/suffix n-gram lookup over the whole context (no model)",
-        params={"min_ngram": "shortest n-gram to match (1)", "max_ngram": "longest n-gram to match (4)", "max_draft": "most tokens per draft (8)",
+        params={"min_ngram": "shortest n-gram to match (1)", "max_ngram": "longest n-gram to match (4)", "max_draft": "most tokens per draft (16)",
                 "min_accept": "cut a draft where its estimated chance of full acceptance, learned per match length, falls below this (0.2)"},
     )
     register(
@@ -64,7 +64,8 @@ def lightspec_register_strategies(register):
         description="n-gram lookup extended by the draft model (or layer skip): the composer's cascade",
         params={
             "switch_threshold": "switch: route to n-gram when its acceptance >= this (0.5)",
-            "max_draft": "most tokens per draft (8)",
+            "max_draft": "most tokens per model draft (8)",
+            "ngram_max_draft": "most tokens per n-gram draft (16)",
             "kind": "cascade (default: the model extends the n-gram draft) or switch (route per row and step)",
         },
     )
@@ -83,6 +84,7 @@ def lightspec_register_strategies(register):
             "decay": "per-step decay of the acceptance counts (0.9)",
             "guard": "throughput guard: decode plainly for a while when speculation measured slower (true)",
             "batch_margin": "with several rows, draft only for a modelled gain of at least this factor (1.15)",
+            "free_max_draft": "a single row that speculates lets model-free drafters (n-gram) draft up to this many tokens, cut by their own estimate (16; 0: k for all)",
         },
     )
     register("static", lazy(".budget:StaticBudget"), kind="budget", description="always draft k tokens", params={"k": "draft length (4)"})

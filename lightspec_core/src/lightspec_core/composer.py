@@ -347,9 +347,12 @@ class HybridStrategy(Combination):
     """The built-in ``hybrid``: n-gram lookup (free when the context repeats) combined with a
     model drafter — the draft model when one is given, else layer skip.  ``kind="switch"``
     routes each row to one of them per step; ``kind="cascade"`` lets the model drafter extend
-    the n-gram draft (or draft alone when there is no match)."""
+    the n-gram draft (or draft alone when there is no match).  ``max_draft`` caps the model
+    drafter, ``ngram_max_draft`` the n-gram lookup, whose drafts cost only verify width and
+    which sizes them itself for a single row (see ``strategies/ngram.py``)."""
 
-    def __init__(self, registry, switch_threshold: float = 0.5, max_draft: int = 8, kind: str = "cascade"):
+    def __init__(self, registry, switch_threshold: float = 0.5, max_draft: int = 8, kind: str = "cascade",
+                 ngram_max_draft: int = 16):
         if kind not in ("switch", "cascade"):
             raise ConfigError(f"hybrid: kind={kind!r} is invalid; allowed: switch, cascade")
         self.registry = registry
@@ -357,7 +360,7 @@ class HybridStrategy(Combination):
         super().__init__(
             "hybrid",
             kind,
-            [registry.create("strategy", "ngram", max_draft=max_draft), None],
+            [registry.create("strategy", "ngram", max_draft=ngram_max_draft), None],
             registry.create("fusion", FUSION_FOR_KIND[kind]),
             switch_threshold,
         )

@@ -209,12 +209,16 @@ class Engine:
                     ctx.max_draft_list = limits
                     ctx.min_confidence = budget.min_confidence
                     ctx.budget_by_source = budget.by_source
+                    allowed = limits
+                    if budget.free_max_draft is not None:  # model-free drafters may go further
+                        allowed = [max(k, min(f, m)) for k, f, m in zip(limits, budget.free_max_draft, room)]
+                        ctx.free_max_draft_list = allowed
                     t_b = time.perf_counter()
                     # 2. draft
                     if max(limits) > 0:
                         proposal = self.bound.propose(ctx=ctx)
                         if proposal is not None:
-                            proposal = self._check_proposal(proposal, nb, limits)
+                            proposal = self._check_proposal(proposal, nb, allowed)
                 except Exception as exc:  # the step falls back to plain decoding
                     failure = f"propose failed: {type(exc).__name__}: {exc}"
                     log.warning("strategy %r %s; falling back to plain decoding for this step", self.bound.name, failure)

@@ -73,11 +73,16 @@ class Budget:
     min_confidence: [B] float — drafters that know their confidence stop a row's draft
     when the peak probability of their next token falls below this.
     by_source: optional {component name: [B] Python ints} — a tighter limit for one
-    component (combinations apply it to that component; it never exceeds max_draft)."""
+    component (combinations apply it to that component; it never exceeds max_draft).
+    free_max_draft: optional [B] Python ints >= max_draft — a looser limit for model-free
+    drafters (n-gram lookup: a draft costs them nothing to make, only verify width), which
+    cut their drafts themselves by how far they expect them to hold; ``None``: max_draft
+    limits every drafter.  Only drafters that read ``StepContext.free_max_draft_list`` use it."""
 
     max_draft: torch.Tensor
     min_confidence: torch.Tensor
     by_source: dict[str, list[int]] = field(default_factory=dict)
+    free_max_draft: list[int] | None = None
 
 
 @dataclass
@@ -122,6 +127,8 @@ class StepContext:
     prefix / prefix_lengths: [B, P] / [B] tokens another drafter already proposed this step
                  (cascades): a drafter continues after them
     budget_by_source: per-component limits from the budget policy (see ``Budget.by_source``)
+    free_max_draft_list: the looser limit for model-free drafters (``Budget.free_max_draft``),
+                 or None: ``max_draft_list`` for every drafter
     deterministic: every request is seeded: budget policies must decide from acceptance
                  alone (not timing), so a seeded request reproduces exactly
     timer:       ``timer.model_s`` collects the time drafters spend in model forwards
@@ -145,6 +152,7 @@ class StepContext:
     prefix: torch.Tensor | None = None
     prefix_lengths: torch.Tensor | None = None
     budget_by_source: dict[str, list[int]] = field(default_factory=dict)
+    free_max_draft_list: list[int] | None = None
     deterministic: bool = False  # seeded sampling: policies must not depend on timing
     timer: StepTimer = field(default_factory=StepTimer)  # drafters add their model forward time to timer.model_s
     extras: dict[str, Any] = field(default_factory=dict)
