@@ -55,6 +55,12 @@ steps, padding, a cascade's drafters priced as one), so per kind of batch the me
 modelled time (``cost_scale``, 1 to 1.5) scales the modelled cost of drafting, and a
 batch drafts only for a modelled gain of ``batch_margin`` (1.15) or more.
 
+For a single row that speculates, model-free drafters (n-gram lookup, which declares a
+draft cost of 0) may draft up to ``free_max_draft`` tokens instead of k
+(``Budget.free_max_draft``): k is the row's average, the lookup knows how long its
+current match is, and it cuts its own drafts.  A model drafter in the same cascade still
+extends only up to k.
+
 The draft-confidence rule runs inside model drafters: a row's draft stops when the
 drafter's peak probability falls below ``min_confidence``.  The policy adapts that
 threshold per row over a sliding window of recent verifies: high recent acceptance

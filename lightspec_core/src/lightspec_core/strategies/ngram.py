@@ -6,7 +6,7 @@ next one far less often than a repeated 4-gram (measured on the zoo target's gre
 outputs: 17-36% against 72-100% for the first drafted token), and a context whose last
 16+ tokens all repeat an earlier stretch is usually being copied (on the suite's code
 prompts the target went on copying for 16+ more tokens after 84% of such matches, after
-5% of single-token ones).  So each match gets a class from how far back the context
+2% of single-token ones).  So each match gets a class from how far back the context
 agrees with the earlier occurrence (1, 2, 3, 4-7, 8-15 or 16+ tokens, looked up with at
 most ``max_ngram`` tokens and then extended backwards), and the drafter keeps, per class
 and draft position j, how often the target accepted position j when it reached it
