@@ -37,7 +37,7 @@ def lightspec_register_strategies(register):
         lazy(".strategies.ngram:NgramDrafter"),
         description="prompt/suffix n-gram lookup over the whole context (no model)",
         params={"min_ngram": "shortest n-gram to match (1)", "max_ngram": "longest n-gram to match (4)", "max_draft": "most tokens per draft (16)",
-                "min_accept": "cut a draft where its estimated chance of full acceptance, learned per match length, falls below this (0.2)"},
+                "min_accept": "cut a draft where its estimated chance of full acceptance, learned per match class, falls below this (0.2)"},
     )
     register(
         "draft_model",
