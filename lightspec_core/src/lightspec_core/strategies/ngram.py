@@ -92,17 +92,17 @@ class NgramDrafter:
     def lightspec_propose(self, ctx: StepContext) -> DraftProposal | None:
         B = ctx.batch
         drafts: list[list[int]] = []
+        # a cascade's earlier drafts, as Python lists (one device sync for the batch)
+        prefixes = ([p[:n] for p, n in zip(ctx.prefix.tolist(), ctx.prefix_lengths.tolist())]
+                    if ctx.prefix is not None else [[]] * B)
+        # a lookup costs nothing: take the budget's looser limit for model-free drafters
+        free = ctx.free_max_draft_list
         for b in range(B):
-            # a lookup costs nothing: take the budget's looser limit for model-free drafters
-            free = ctx.free_max_draft_list
             if free is None:
                 limit = min(ctx.max_draft_list[b], self.max_draft)
             else:  # the free limit counts the whole draft, a cascade's prefix included
-                done = int(ctx.prefix_lengths[b]) if ctx.prefix is not None else 0
-                limit = min(max(ctx.max_draft_list[b], free[b] - done), self.max_draft)
-            seq = ctx.sequences[b]
-            if ctx.prefix is not None and int(ctx.prefix_lengths[b]) > 0:
-                seq = seq + ctx.prefix[b, : int(ctx.prefix_lengths[b])].tolist()
+                limit = min(max(ctx.max_draft_list[b], free[b] - len(prefixes[b])), self.max_draft)
+            seq = ctx.sequences[b] + prefixes[b] if prefixes[b] else ctx.sequences[b]
             if limit <= 0:
                 drafts.append([])
                 continue
