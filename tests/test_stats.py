@@ -139,6 +139,14 @@ def test_jsonl_and_summaries(tmp_path, tok, strategy):
         assert vals
         assert all(c is not None and 0 < c <= 1 and h is not None and h >= 0 for c, h in vals), vals[:3]
         assert all(src == "draft_model" for e in steps for src, d in zip(e["sources"], e["drafted"]) if d)
+        # the drafter times its own forwards: seconds without setup, and its longest row's draft
+        for e in steps:
+            if max(e["drafted"]) > 0:
+                assert set(e["draft_by_source"]) == {"draft_model"}
+                spent, k = e["draft_by_source"]["draft_model"]
+                assert 1 <= k <= max(e["drafted"]) and 0 <= spent <= e["draft_forward_s"] + 1e-9
+    if strategy in ("ngram", "none"):  # nothing runs a draft model
+        assert all(e["draft_by_source"] == {} for e in steps)
     if strategy == "ngram":
         assert all(src == "ngram" for e in steps for src, d in zip(e["sources"], e["drafted"]) if d)
     if strategy == "hybrid":  # no draft model given: n-gram or layer skip, per row and step

@@ -49,11 +49,30 @@ across generations): when speculation was losing on that kind of batch, a new
 generation of the same kind starts with a 16-step hold, then probes.  At batch 8 a
 generation is only ~60 steps, and re-learning the loss in each one cost 5-15%.
 
+A batch's guard measures "plain decoding" where it can: the mean of the generation's plain
+steps with as many rows (once there are 3), else the model's ``t1`` (one row keeps ``t1``).  The model's ``t1`` is
+the intercept of a line through verify widths; while a batch speculates few plain steps
+are in its window, and at batch 8 it read 14 ms where plain steps took 20 ms.
+
 The guard's windows also calibrate the cost model for batches: a batch's speculative
-steps measured 5-25% slower than modelled (rows that finish early still pay nearly full
-steps, padding, a cascade's drafters priced as one), so per kind of batch the measured /
-modelled time (``cost_scale``, 1 to 1.5) scales the modelled cost of drafting, and a
-batch drafts only for a modelled gain of ``batch_margin`` (1.15) or more.
+steps measured 5-25% slower than modelled (padding, rows that finish early), so per kind
+of batch the measured / modelled time (``cost_scale``, 1 to 1.5) scales the modelled cost
+of drafting.
+
+A batch drafts only for a modelled gain of at least its kind's ``margin``, learned from
+whole generations.  Rows that speculate finish at different steps and the last ones run in
+small batches that cost nearly a full step each (at batch 8 on `code` the steps with fewer
+than 8 rows took 4.2 s for tokens that full-batch plain steps make in 3.3 s, ~6% of the
+run), which no per-step check sees.  So when a batch's generation ends (at the next
+``reset``) the time of all its steps is compared with plain decoding of the same tokens at
+the full batch's plain step, and the measured ratio multiplies the margin (from
+``batch_margin``, 1.15, up to 2; a generation that did not speculate lets it drift back
+by a quarter of its excess).
+
+Model drafters time themselves (``StepTimer.record``), so each drafter of a cascade is
+priced from its own forwards; before, a step in which some rows drafted by n-gram lookup
+and others by the draft model measured nothing, and at batch 8 the draft model kept its
+structural estimate (0.16 of a target step per token) where it measured 0.26.
 
 For a single row that speculates, model-free drafters (n-gram lookup, which declares a
 draft cost of 0) may draft up to ``free_max_draft`` tokens instead of k
@@ -83,6 +102,7 @@ GUARD_HOLD = 16  # plain steps after a check that speculation lost
 GUARD_MAX_HOLD = 128
 GUARD_MEMORY = 0.5  # weight of the newest window in the per-kind record of guard checks
 SCALE_DECAY = 0.95  # per plain step: an unmeasured cost scale drifts back towards 1
+MAX_MARGIN = 2.0  # the most modelled gain a batch can be asked for before it drafts
 MAX_SCALE = 1.5  # the scale is for what the model misses; a slow period is the guard's hold's job
 
 
@@ -177,6 +197,16 @@ class DynamicBudget:
         # guard's windows; it scales the modelled cost of drafting (see ``_guard``)
         self.cost_scale: dict[tuple[bool, bool], float] = {}
         self.batch_margin = float(batch_margin)
+        # per kind of batch: the modelled gain a batch needs before it drafts, learned from
+        # whole generations (see ``_end_generation``); starts at batch_margin
+        self.margin: dict[tuple[bool, bool], float] = {}
+        # this generation's plain steps' wall times per (rows, greedy): the batch guard's and
+        # the generation check's reference for "what plain decoding costs here"
+        self.plain_times: dict[tuple[int, bool], deque[float]] = {}
+        # the generation in progress: [rows at its first step, tokens emitted, seconds of steps,
+        # speculative steps]
+        self.gen: list | None = None
+        self.deterministic = False  # the current generation's requests are all seeded
         self.fresh = True
         # acceptance over all rows of recent steps (decayed), overall ("") and per source: the
         # prior a new row starts from, so a fresh batch does not draft on a fixed guess
@@ -191,8 +221,11 @@ class DynamicBudget:
         # which at batch 8 is several percent of a step
         self.overhead: dict[bool, deque[float]] = {False: deque(maxlen=16), True: deque(maxlen=16)}
         self.spec_overhead = 0.0
+        self.first_spec = True  # no speculative step yet in this generation
 
     def reset(self) -> None:
+        self._end_generation()
+        self.plain_times.clear()
         self.warm.clear()
         self.per_source.clear()
         self.recent.clear()
@@ -204,11 +237,13 @@ class DynamicBudget:
         self.fresh = True
         self.hits.clear()
         self.last_k = 0
+        self.first_spec = True
 
     @hookimpl
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
         taus = torch.tensor([self.threshold.get(r, self.base_confidence) for r in ctx.row_ids], device=ctx.device)
+        self.deterministic = ctx.deterministic
         if ctx.deterministic:
             return self._reproducible(ctx, taus)
         self.last_k = 0
@@ -231,7 +266,8 @@ class DynamicBudget:
         d = min(self.hints.values(), default=self.prior_draft_cost) if cheapest is None else self.draft_cost[cheapest]
         f = 0.0 if cheapest is None else self.draft_fixed.get(cheapest, 0.0)
         scale = self.cost_scale.get(self.kind, 1.0)
-        k = self.best_k(accs, d, fixed=self.spec_overhead + f, hits=hits, scale=scale)
+        margin = self.margin.get(self.kind, self.batch_margin) if B > 1 else None
+        k = self.best_k(accs, d, fixed=self.spec_overhead + f, hits=hits, scale=scale, margin=margin)
         self.last_k = k
         by_source: dict[str, list[int]] = {}
         if k:
@@ -240,7 +276,7 @@ class DynamicBudget:
                 src_accs = [RowHistory(*self.per_source.get((rid, src), (0.0, 0.0))).acceptance(prior=prior)
                             for rid in ctx.row_ids]
                 fixed = self.spec_overhead + self.draft_fixed.get(src, 0.0)
-                by_source[src] = [min(k, self.best_k(src_accs, cost, fixed=fixed, hits=hits, scale=scale))] * B
+                by_source[src] = [min(k, self.best_k(src_accs, cost, fixed=fixed, hits=hits, scale=scale, margin=margin))] * B
         # a single row that speculates lets model-free drafters (n-gram lookup) size their own
         # drafts: k comes from the row's average acceptance, while the lookup knows how long
         # this match is (a 16-token copy holds far longer than a one-token match), and its
@@ -291,7 +327,8 @@ class DynamicBudget:
         return RowHistory(acc, rej).acceptance()
 
     def best_k(self, accs: list[float] | float, draft_cost: float | None = None, beta: float | None = None,
-               fixed: float = 0.0, hits: list[float] | None = None, scale: float = 1.0) -> int:
+               fixed: float = 0.0, hits: list[float] | None = None, scale: float = 1.0,
+               margin: float | None = None) -> int:
         """One draft length for the batch: argmax_k (sum over rows of E[tokens | k]) / cost(k).
 
         Row b with acceptance probability a_b yields 1 + a_b + ... + a_b^k tokens from a
@@ -316,7 +353,8 @@ class DynamicBudget:
         # finish at different steps when they speculate (the last ones pay nearly full steps
         # for fewer rows), which no per-step model sees; measured in lockstep at batch 8,
         # 1.15 moved `hybrid` from 0.987x to 0.999x `none` and `draft_model` from 0.972x to 0.987x
-        margin = 1.02 if len(accs) == 1 else self.batch_margin
+        if margin is None:
+            margin = 1.02 if len(accs) == 1 else self.batch_margin
         best_k, best = 0, float(len(accs))
         terms = [1.0] * len(accs)
         gain = float(len(accs))
@@ -334,6 +372,7 @@ class DynamicBudget:
         if getattr(event, "kind", None) != "step":
             return
         self._learn_costs(event)
+        self._track(event)
         self._guard(event)
         # per (request, source) acceptance, decaying towards the prior when unused
         for counts in self.pooled.values():
@@ -397,13 +436,16 @@ class DynamicBudget:
             if self.kind in self.cost_scale:
                 self.cost_scale[self.kind] = 1.0 + (self.cost_scale[self.kind] - 1.0) * SCALE_DECAY
             return
-        self.spec_window.append((sum(event.emitted) / rows, event.step_time_s, self._modelled_cost(event)))
+        # one row keeps the model's reference: its speculation was tuned against it, and
+        # its plain steps are rare while it speculates
+        ref = self._plain_reference(rows) if rows > 1 else self.t1 * median(self.plain_ratio)
+        self.spec_window.append((sum(event.emitted) / rows, event.step_time_s, self._modelled_cost(event), ref))
         if len(self.spec_window) < GUARD_WINDOW:
             return
-        plain_step = self.t1 * median(self.plain_ratio)
-        spent = sum(t for _, t, _ in self.spec_window)
-        plain = sum(n for n, _, _ in self.spec_window) * plain_step
-        modelled = sum(c for _, _, c in self.spec_window) * plain_step
+        plain_step = self.t1 * median(self.plain_ratio)  # the cost model's plain step
+        spent = sum(t for _, t, _, _ in self.spec_window)
+        plain = sum(n * ref for n, _, _, ref in self.spec_window)
+        modelled = sum(c for _, _, c, _ in self.spec_window) * plain_step
         self.spec_window.clear()
         if self.kind is not None:
             old = self.guard_record.get(self.kind, spent / plain)
@@ -417,12 +459,73 @@ class DynamicBudget:
         else:
             self.backoff = GUARD_HOLD
 
+    def _plain_reference(self, rows: int) -> float:
+        """What a plain step of ``rows`` rows costs here, in seconds: the mean of this
+        generation's plain steps of that many rows when there are 3 or more (a batch's
+        step time depends on its prompts' lengths: at batch 8 reading the KV cache is about
+        as much memory traffic as the weights), else the cost
+        model's (``t1`` times the plain steps' step/forward ratio).  The model's ``t1`` is
+        the intercept of a line through verify widths; while a batch speculates, few plain
+        steps are in its window and at batch 8 it measured 14 ms against 20 ms for the
+        plain steps themselves, so the guard took losing windows for wins.  A mean, not a
+        median: it is compared with sums of speculative steps' times, and step times are
+        skewed (a plain generation's steps averaged 6% above their median)."""
+        greedy = True if self.kind is None else self.kind[1]
+        samples = self.plain_times.get((rows, greedy))
+        if samples is not None and len(samples) >= 3:
+            return sum(samples) / len(samples)
+        return self.t1 * median(self.plain_ratio)
+
+    def _track(self, event) -> None:
+        """Record plain steps' times per number of rows, and the generation's totals."""
+        rows = len(event.row_ids)
+        if not rows:
+            return
+        greedy = True if self.kind is None else self.kind[1]
+        if event.drafted_max == 0:
+            self.plain_times.setdefault((rows, greedy), deque(maxlen=32)).append(event.step_time_s)
+        if self.gen is None:
+            self.gen = [rows, 0, 0.0, 0, self.kind, self.deterministic]
+        self.gen[1] += sum(event.emitted)
+        self.gen[2] += event.step_time_s
+        self.gen[3] += event.drafted_max > 0
+
+    def _end_generation(self) -> None:
+        """Judge the generation that just ended, if it was a batch that speculated: its
+        steps' total time against plain decoding's for the same tokens (each of the
+        first step's rows one token per full-batch plain step).  This sees what no
+        per-step check does: rows that speculate finish at different steps, and the last
+        ones run in small, inefficient batches (at batch 8 on `code`, the steps with
+        fewer than 8 rows took 4.2 s for tokens that full-batch plain steps make in 3.3 s,
+        ~6% of the run), plus a drafter's set-up.  A loss raises the modelled gain this
+        kind of batch needs before it drafts (``margin``, from ``batch_margin`` up to 2)
+        by the measured loss; a win lowers it the same way, not below ``batch_margin``;
+        a generation that did not speculate lets it drift back by a quarter."""
+        gen, self.gen = self.gen, None
+        if gen is None or not self.guard:
+            return
+        rows, tokens, spent, spec_steps, kind, deterministic = gen
+        if rows < 2 or kind is None or deterministic or self.t1 is None:
+            return
+        m = self.margin.get(kind, self.batch_margin)
+        if spec_steps == 0:
+            self.margin[kind] = self.batch_margin + 0.75 * (m - self.batch_margin)
+            return
+        plain = tokens / rows * self._plain_reference(rows)
+        ratio = spent / plain if plain > 0 else 1.0
+        self.margin[kind] = min(MAX_MARGIN, max(self.batch_margin, m * ratio))
+
     def _modelled_cost(self, event) -> float:
         """What the cost model says this speculative step costs, in plain steps: 1 plus the
         extra overhead plus the drafter's ``f + d * k`` plus ``beta * k`` for the verify."""
+        k = event.drafted_max
+        timed = {src: n for src, (_, n) in getattr(event, "draft_by_source", {}).items() if n > 0}
+        if timed:  # model drafters that timed themselves: each at its own draft length
+            drafting = sum(self.draft_fixed.get(src, 0.0) + self.draft_cost.get(src, self.prior_cost(src)) * n
+                           for src, n in timed.items())
+            return 1.0 + self.spec_overhead + drafting + self.beta * k
         srcs = {s for s, d in zip(event.sources, event.drafted) if d}
         src = srcs.pop() if len(srcs) == 1 else None
-        k = event.drafted_max
         if src in self.draft_cost:
             f, d = self.draft_fixed.get(src, 0.0), self.draft_cost[src]
         else:
@@ -434,31 +537,51 @@ class DynamicBudget:
         if event.verify_tokens >= 1:
             self.forward_samples.append((event.verify_tokens, event.target_forward_s))
             self._fit_forward_cost()
+        timed = {src: v for src, v in getattr(event, "draft_by_source", {}).items() if v[1] > 0}
         if self.t1:
-            # the draft stage is costed as draft tokens (draft_cost): leave it out here
-            drafting = max(0.0, event.stage_s.get("draft", 0.0) - event.draft_forward_s)
-            self.overhead[event.drafted_max > 0].append(max(0.0, event.overhead_s - drafting) / self.t1)
+            # the draft stage is costed as draft tokens (draft_cost): leave it out here.  When
+            # model drafters timed themselves, only their forwards are draft cost, and the rest
+            # of the draft stage (a cascade's lookups and fusion) stays in the step's overhead
+            drafting = 0.0 if timed else max(0.0, event.stage_s.get("draft", 0.0) - event.draft_forward_s)
+            spec = event.drafted_max > 0
+            # a generation's first speculative step also builds the drafters' state (n-gram
+            # indexes, a draft model's prefill): not what a speculative step costs
+            if not (spec and self.first_spec):
+                self.overhead[spec].append(max(0.0, event.overhead_s - drafting) / self.t1)
+            self.first_spec = self.first_spec and not spec
             if self.overhead[False] and self.overhead[True]:
                 self.spec_overhead = max(0.0, median(self.overhead[True]) - median(self.overhead[False]))
-        used = {s for s, d in zip(event.sources, event.drafted) if d}
+        # the components that drafted (a cascade's row is labelled "ngram+draft_model")
+        used = {part for s, d in zip(event.sources, event.drafted) if d for part in s.split("+")} | set(timed)
         for src, samples in self.draft_samples.items():
             if src not in used:  # an unused drafter drifts back to its cheapest measured cost, so it gets probed again
                 f, d = self.draft_floor.get(src, (0.0, self.prior_cost(src)))
                 k = self.last_drafted.get(src, 1)
                 samples.append((k, f + d * k))
                 self._fit_draft_cost(src)
-        if not (self.t1 and len(used) == 1 and event.drafted_max > 0):
+        if not (self.t1 and event.drafted_max > 0):
             return
-        src = used.pop()
+        if timed:
+            # each model drafter's own time and draft length; model-free drafters in the same
+            # step (n-gram lookup in a cascade) are measured on the steps they draft alone
+            measurements = [(src, spent, k) for src, (spent, k) in timed.items()]
+        elif len(used) == 1:
+            # one drafter that did not time itself: the draft stage is its cost
+            spent = event.draft_forward_s - event.draft_setup_s if event.draft_forward_s > 0 else event.stage_s.get("draft", 0.0)
+            measurements = [(next(iter(used)), spent, event.drafted_max)]
+        else:
+            return
+        for src, spent, k in measurements:
+            self._measure_draft(src, spent, k)
+
+    def _measure_draft(self, src: str, spent: float, k: int) -> None:
+        """One measurement of drafter ``src``: ``spent`` seconds for a draft of ``k`` tokens."""
         if src not in self.warm:  # a drafter's first step also fills its own cache: not a typical cost
             self.warm.add(src)
             self.draft_samples.setdefault(src, deque([(1, self.prior_cost(src))], maxlen=16))
             self.draft_cost.setdefault(src, self.prior_cost(src))
             self.draft_fixed.setdefault(src, 0.0)
             return
-        # model drafters report their forward time; for model-free drafters the draft stage is the cost
-        spent = event.draft_forward_s - event.draft_setup_s if event.draft_forward_s > 0 else event.stage_s.get("draft", 0.0)
-        k = event.drafted_max
         samples = self.draft_samples.setdefault(src, deque(maxlen=16))
         samples.append((k, min(spent / self.t1, 3.0 * k)))
         self.last_drafted[src] = k

@@ -83,7 +83,7 @@ def lightspec_register_strategies(register):
             "draft_cost": "initial cost of one draft token vs a target step (0.05; a batch starts from each drafter's draft_cost_hints())",
             "decay": "per-step decay of the acceptance counts (0.9)",
             "guard": "throughput guard: decode plainly for a while when speculation measured slower (true)",
-            "batch_margin": "with several rows, draft only for a modelled gain of at least this factor (1.15)",
+            "batch_margin": "with several rows, draft only for a modelled gain of at least this factor (1.15); raised per kind of batch by generations that lost end to end",
             "free_max_draft": "a single row that speculates lets model-free drafters (n-gram) draft up to this many tokens, cut by their own estimate (16; 0: k for all)",
         },
     )

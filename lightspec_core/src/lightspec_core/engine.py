@@ -320,6 +320,7 @@ class Engine:
                 target_forward_s=fwd_s,
                 draft_forward_s=ctx.timer.model_s,
                 draft_setup_s=ctx.timer.setup_s,
+                draft_by_source=dict(ctx.timer.by_source),
                 overhead_s=max(0.0, step_s - fwd_s - ctx.timer.model_s),
                 verify_tokens=K + 1,
                 failure=failure,

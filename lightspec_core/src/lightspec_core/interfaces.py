@@ -87,10 +87,24 @@ class Budget:
 
 @dataclass
 class StepTimer:
-    """Shared by a step's context and its copies: drafters add their model time here."""
+    """Shared by a step's context and its copies: drafters add their model time here.
+
+    A drafter that runs model forwards calls ``record`` once per step; one that only adds
+    to ``model_s`` is still timed, but the budget can then price it only on steps where it
+    is the sole drafter (in a cascade, rows drafted by different components share a step)."""
 
     model_s: float = 0.0
     setup_s: float = 0.0  # part of model_s spent catching a drafter up (e.g. its first prefill): not a per-token cost
+    # per drafter: (seconds of model forwards, setup excluded; draft tokens its longest row got)
+    by_source: dict[str, tuple[float, int]] = field(default_factory=dict)
+
+    def record(self, source: str, seconds: float, tokens: int, setup_s: float = 0.0) -> None:
+        """Add one drafter's model time for this step: ``seconds`` in all, ``setup_s`` of
+        them catching its cache up, for drafts of at most ``tokens`` tokens per row."""
+        self.model_s += seconds
+        self.setup_s += setup_s
+        spent, n = self.by_source.get(source, (0.0, 0))
+        self.by_source[source] = (spent + seconds - setup_s, max(n, tokens))
 
 
 @dataclass
@@ -131,7 +145,8 @@ class StepContext:
                  or None: ``max_draft_list`` for every drafter
     deterministic: every request is seeded: budget policies must decide from acceptance
                  alone (not timing), so a seeded request reproduces exactly
-    timer:       ``timer.model_s`` collects the time drafters spend in model forwards
+    timer:       model drafters call ``timer.record(name, seconds, tokens, setup_s)``: the
+                 budget prices each drafter from it (see ``StepTimer``)
     """
 
     step: int
@@ -154,7 +169,7 @@ class StepContext:
     budget_by_source: dict[str, list[int]] = field(default_factory=dict)
     free_max_draft_list: list[int] | None = None
     deterministic: bool = False  # seeded sampling: policies must not depend on timing
-    timer: StepTimer = field(default_factory=StepTimer)  # drafters add their model forward time to timer.model_s
+    timer: StepTimer = field(default_factory=StepTimer)  # drafters record their model forward time here
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -48,6 +48,8 @@ class StepStats:
     queue_backlog: int = 0
     failure: str | None = None
     draft_setup_s: float = 0.0  # part of draft_forward_s spent catching a drafter up (not per-token cost)
+    # per model drafter: (seconds of its forwards without setup, draft tokens of its longest row)
+    draft_by_source: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def drafted_total(self) -> int:

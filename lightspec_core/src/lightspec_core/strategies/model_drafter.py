@@ -167,8 +167,8 @@ class ModelDrafter:
             return None
         t0 = time.perf_counter()
         logits = self._fit(self._sync(ctx))  # [B, V] next-token logits of the draft after the context
-        if self.caught_up > self.max_draft + 1:  # a catch-up (first prefill): not what a draft token costs
-            ctx.timer.setup_s += time.perf_counter() - t0
+        # a catch-up (first prefill) is not what a draft token costs
+        setup = time.perf_counter() - t0 if self.caught_up > self.max_draft + 1 else 0.0
         B = ctx.batch
         dev = ctx.device
         sampling = ctx.sampling
@@ -205,8 +205,8 @@ class ModelDrafter:
             for b, (t, on) in enumerate(zip(tok.tolist(), active.tolist())):  # one sync, not 2B
                 if on:
                     self.fed[b].append(t)
-        ctx.timer.model_s += time.perf_counter() - t0
         k = int(lengths.max())
+        ctx.timer.record(self.name, time.perf_counter() - t0, k, setup_s=setup)
         return DraftProposal(
             tokens=tokens[:, :k],
             lengths=lengths,
