@@ -49,10 +49,11 @@ across generations): when speculation was losing on that kind of batch, a new
 generation of the same kind starts with a 16-step hold, then probes.  At batch 8 a
 generation is only ~60 steps, and re-learning the loss in each one cost 5-15%.
 
-A batch's guard measures "plain decoding" where it can: the mean of the generation's plain
-steps with as many rows (once there are 3), else the model's ``t1`` (one row keeps ``t1``).  The model's ``t1`` is
-the intercept of a line through verify widths; while a batch speculates few plain steps
-are in its window, and at batch 8 it read 14 ms where plain steps took 20 ms.
+A batch's guard measures "plain decoding" where it can: the mean of the generation's
+plain steps with as many rows (once there are 3), else the model's ``t1`` (one row keeps
+``t1``).  The model's ``t1`` is the intercept of a line through verify widths; while a
+batch speculates few plain steps are in its window, and at batch 8 it read 14 ms where
+plain steps took 20 ms.
 
 The guard's windows also calibrate the cost model for batches: a batch's speculative
 steps measured 5-25% slower than modelled (padding, rows that finish early), so per kind
@@ -89,6 +90,7 @@ lowers it (draft deeper), low acceptance raises it.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 from statistics import median
 
 import torch
@@ -104,6 +106,18 @@ GUARD_MEMORY = 0.5  # weight of the newest window in the per-kind record of guar
 SCALE_DECAY = 0.95  # per plain step: an unmeasured cost scale drifts back towards 1
 MAX_MARGIN = 2.0  # the most modelled gain a batch can be asked for before it drafts
 MAX_SCALE = 1.5  # the scale is for what the model misses; a slow period is the guard's hold's job
+
+
+@dataclass
+class _Generation:
+    """One ``generate`` call's totals, for the budget's end-of-generation check."""
+
+    rows: int  # rows at its first step
+    kind: tuple[bool, bool] | None  # (several rows?, greedy?)
+    deterministic: bool  # every request seeded
+    tokens: int = 0  # emitted over all steps and rows
+    seconds: float = 0.0  # wall time of all its steps
+    spec_steps: int = 0
 
 
 class StaticBudget:
@@ -203,9 +217,7 @@ class DynamicBudget:
         # this generation's plain steps' wall times per (rows, greedy): the batch guard's and
         # the generation check's reference for "what plain decoding costs here"
         self.plain_times: dict[tuple[int, bool], deque[float]] = {}
-        # the generation in progress: [rows at its first step, tokens emitted, seconds of steps,
-        # speculative steps]
-        self.gen: list | None = None
+        self.gen: _Generation | None = None  # the generation in progress
         self.deterministic = False  # the current generation's requests are all seeded
         self.fresh = True
         # acceptance over all rows of recent steps (decayed), overall ("") and per source: the
@@ -461,15 +473,16 @@ class DynamicBudget:
 
     def _plain_reference(self, rows: int) -> float:
         """What a plain step of ``rows`` rows costs here, in seconds: the mean of this
-        generation's plain steps of that many rows when there are 3 or more (a batch's
-        step time depends on its prompts' lengths: at batch 8 reading the KV cache is about
-        as much memory traffic as the weights), else the cost
-        model's (``t1`` times the plain steps' step/forward ratio).  The model's ``t1`` is
-        the intercept of a line through verify widths; while a batch speculates, few plain
-        steps are in its window and at batch 8 it measured 14 ms against 20 ms for the
-        plain steps themselves, so the guard took losing windows for wins.  A mean, not a
-        median: it is compared with sums of speculative steps' times, and step times are
-        skewed (a plain generation's steps averaged 6% above their median)."""
+        generation's plain steps of that many rows when there are 3 or more, else the cost
+        model's (``t1`` times the plain steps' step/forward ratio).
+
+        This generation's: a batch's step time depends on its prompts' lengths (at batch 8
+        reading the KV cache is about as much memory traffic as the weights).  Not ``t1``
+        when it can be helped: that is the intercept of a line through verify widths, and
+        while a batch speculates few plain steps are in its window (at batch 8 it read
+        14 ms where plain steps took 20 ms, so the guard took losing windows for wins).  A
+        mean, not a median: it is compared with sums of speculative steps' times, and step
+        times are skewed (a plain generation's steps averaged 6% above their median)."""
         greedy = True if self.kind is None else self.kind[1]
         samples = self.plain_times.get((rows, greedy))
         if samples is not None and len(samples) >= 3:
@@ -485,10 +498,10 @@ class DynamicBudget:
         if event.drafted_max == 0:
             self.plain_times.setdefault((rows, greedy), deque(maxlen=32)).append(event.step_time_s)
         if self.gen is None:
-            self.gen = [rows, 0, 0.0, 0, self.kind, self.deterministic]
-        self.gen[1] += sum(event.emitted)
-        self.gen[2] += event.step_time_s
-        self.gen[3] += event.drafted_max > 0
+            self.gen = _Generation(rows, self.kind, self.deterministic)
+        self.gen.tokens += sum(event.emitted)
+        self.gen.seconds += event.step_time_s
+        self.gen.spec_steps += event.drafted_max > 0
 
     def _end_generation(self) -> None:
         """Judge the generation that just ended, if it was a batch that speculated: its
@@ -504,16 +517,15 @@ class DynamicBudget:
         gen, self.gen = self.gen, None
         if gen is None or not self.guard:
             return
-        rows, tokens, spent, spec_steps, kind, deterministic = gen
-        if rows < 2 or kind is None or deterministic or self.t1 is None:
+        if gen.rows < 2 or gen.kind is None or gen.deterministic or self.t1 is None:
             return
-        m = self.margin.get(kind, self.batch_margin)
-        if spec_steps == 0:
-            self.margin[kind] = self.batch_margin + 0.75 * (m - self.batch_margin)
+        m = self.margin.get(gen.kind, self.batch_margin)
+        if gen.spec_steps == 0:
+            self.margin[gen.kind] = self.batch_margin + 0.75 * (m - self.batch_margin)
             return
-        plain = tokens / rows * self._plain_reference(rows)
-        ratio = spent / plain if plain > 0 else 1.0
-        self.margin[kind] = min(MAX_MARGIN, max(self.batch_margin, m * ratio))
+        plain = gen.tokens / gen.rows * self._plain_reference(gen.rows)
+        ratio = gen.seconds / plain if plain > 0 else 1.0
+        self.margin[gen.kind] = min(MAX_MARGIN, max(self.batch_margin, m * ratio))
 
     def _modelled_cost(self, event) -> float:
         """What the cost model says this speculative step costs, in plain steps: 1 plus the
