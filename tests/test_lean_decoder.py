@@ -201,6 +201,21 @@ def test_lean_logits_to_keep_gives_the_last_positions():
     torch.testing.assert_close(last, full[:, -3:], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("exact", [True, False])
+def test_lean_last_positions_gives_one_position_per_row(exact):
+    """A drafter's ragged catch-up needs each row's last new token only: ``last_positions``
+    runs the lm_head there alone, ``[B, 1, V]``, with padded rows masked."""
+    model = build_model("llama")
+    ids = torch.randint(3, 500, (3, 5), generator=torch.Generator().manual_seed(3))
+    valid = torch.tensor([[True] * 5, [True] * 2 + [False] * 3, [True] * 4 + [False]])
+    last = torch.tensor([4, 1, 3])
+    with torch.no_grad():
+        full = BatchedKV(lean_decoder(model, exact=exact), 3, CPU).forward(ids, valid).logits
+        one = BatchedKV(lean_decoder(model, exact=exact), 3, CPU).forward(ids, valid, last_positions=last).logits
+    assert one.shape == (3, 1, full.shape[-1])
+    torch.testing.assert_close(one[:, 0], full[torch.arange(3), last], rtol=1e-5, atol=1e-5)
+
+
 def test_drafters_estimate_their_cost_from_parameter_counts():
     """``draft_cost_hints``: the share of the target's parameters one draft token reads
     (what the seeded-sampling budget uses instead of timings)."""

@@ -26,7 +26,9 @@ The call signature is the subset of an HF causal LM's ``forward`` that
 * ``attention_mask [B, cols]`` (bool, one flag per cache column including the q new
   ones) or ``None`` when every column is a real token of every row;
 * ``cache``: a ``SlabCache``; keys and values are appended through ``cache.update``;
-* ``logits_to_keep``: as in HF, 0 for logits at every position, n for the last n only.
+* ``logits_to_keep``: as in HF, 0 for logits at every position, n for the last n only;
+* ``last_positions [B]`` (int64, LightSpec's own): logits at one position per row only,
+  ``[B, 1, V]``; a batch's catch-up is ragged, and each row needs only its last token's.
 
 It returns an object whose ``logits`` are ``[B, q, V]``.  ``capture(layer_ids)``
 records hidden states on every forward, numbered like ``model_parts.HiddenCapture``.
@@ -182,9 +184,10 @@ class LeanDecoder:
         return self
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                cache=None, use_cache: bool = True, logits_to_keep: int = 0, **_ignored) -> LeanOutput:
+                cache=None, use_cache: bool = True, logits_to_keep: int = 0, last_positions: torch.Tensor | None = None,
+                **_ignored) -> LeanOutput:
         if not self.exact:
-            return self._forward_fast(input_ids, position_ids, attention_mask, cache, logits_to_keep)
+            return self._forward_fast(input_ids, position_ids, attention_mask, cache, logits_to_keep, last_positions)
         B, q = input_ids.shape
         D = self.head_dim
         h = F.embedding(input_ids, self.embed.weight)
@@ -212,13 +215,15 @@ class LeanDecoder:
         h = _rms(self.norm, h)
         if len(self.layers) in self.record:
             self.states[len(self.layers)] = h
-        return self._logits(h, logits_to_keep)
+        return self._logits(h, logits_to_keep, last_positions)
 
     __call__ = forward
 
-    def _logits(self, h: torch.Tensor, logits_to_keep: int) -> LeanOutput:
-        """Final hidden states ``[B, q, H]`` → logits ``[B, q or logits_to_keep, V]``."""
-        if logits_to_keep:  # as HF: logits of the last n positions only
+    def _logits(self, h: torch.Tensor, logits_to_keep: int, last_positions: torch.Tensor | None = None) -> LeanOutput:
+        """Final hidden states ``[B, q, H]`` → logits ``[B, q or logits_to_keep or 1, V]``."""
+        if last_positions is not None:  # one position per row: [B, 1, H]
+            h = h[torch.arange(h.shape[0], device=h.device), last_positions][:, None]
+        elif logits_to_keep:  # as HF: logits of the last n positions only
             h = h[:, -logits_to_keep:]
         if self.out_ids is None:
             return LeanOutput(logits=F.linear(h, self.head.weight, self.head.bias))
@@ -228,7 +233,7 @@ class LeanDecoder:
         return LeanOutput(logits=logits)
 
     def _forward_fast(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                      cache, logits_to_keep: int) -> LeanOutput:
+                      cache, logits_to_keep: int, last_positions: torch.Tensor | None = None) -> LeanOutput:
         """The ``exact=False`` forward: same arguments and results up to rounding, fewer ops."""
         B, q = input_ids.shape
         D, H, Hkv = self.head_dim, self.n_heads, self.n_kv
@@ -267,7 +272,7 @@ class LeanDecoder:
         h = F.rms_norm(h, (self.hidden,), self.norm.weight, _eps(self.norm))
         if len(self.layers) in self.record:
             self.states[len(self.layers)] = h
-        return self._logits(h, logits_to_keep)
+        return self._logits(h, logits_to_keep, last_positions)
 
     def _cos_sin(self, h: torch.Tensor, position_ids: torch.Tensor, bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[B, 1, q, D]`` for ``position_ids [B, q]``, from the table (grown by

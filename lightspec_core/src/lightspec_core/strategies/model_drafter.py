@@ -278,6 +278,13 @@ class ModelDrafter:
             valid[b, : len(t)] = True
         ids, valid = ids.to(ctx.device), valid.to(ctx.device)
         all_valid = bool(valid.all())
+        if isinstance(self.runner, LeanDecoder):
+            # the lm_head on each row's last new token only: a ragged catch-up otherwise
+            # ran it over every row's last (longest - shortest + 1) positions (zoo draft,
+            # batch 8, interleaved: 2.53 -> 2.01 ms at width 2, 3.45 -> 2.41 ms at width 4)
+            last = torch.tensor([len(t) - 1 for t in new], device=ctx.device)
+            out = self.kv.forward(ids, None if all_valid else valid, last_positions=last)
+            return out.logits[:, 0]
         # logits only from the shortest row's last position on (the catch-up can be a whole prompt)
         keep = width - min(len(t) for t in new) + 1 if self.keeps_logits else width
         extra = {"logits_to_keep": keep} if self.keeps_logits else {}
