@@ -108,6 +108,11 @@ MAX_MARGIN = 2.0  # the most modelled gain a batch can be asked for before it dr
 MAX_SCALE = 1.5  # the scale is for what the model misses; a slow period is the guard's hold's job
 
 
+def _timed_drafters(event) -> dict[str, tuple[float, int]]:
+    """The model drafters that timed themselves this step and drafted: {name: (seconds, tokens)}."""
+    return {src: v for src, v in event.draft_by_source.items() if v[1] > 0}
+
+
 @dataclass
 class _Generation:
     """One ``generate`` call's totals, for the budget's end-of-generation check."""
@@ -531,10 +536,10 @@ class DynamicBudget:
         """What the cost model says this speculative step costs, in plain steps: 1 plus the
         extra overhead plus the drafter's ``f + d * k`` plus ``beta * k`` for the verify."""
         k = event.drafted_max
-        timed = {src: n for src, (_, n) in getattr(event, "draft_by_source", {}).items() if n > 0}
+        timed = _timed_drafters(event)
         if timed:  # model drafters that timed themselves: each at its own draft length
             drafting = sum(self.draft_fixed.get(src, 0.0) + self.draft_cost.get(src, self.prior_cost(src)) * n
-                           for src, n in timed.items())
+                           for src, (_, n) in timed.items())
             return 1.0 + self.spec_overhead + drafting + self.beta * k
         srcs = {s for s, d in zip(event.sources, event.drafted) if d}
         src = srcs.pop() if len(srcs) == 1 else None
@@ -549,7 +554,7 @@ class DynamicBudget:
         if event.verify_tokens >= 1:
             self.forward_samples.append((event.verify_tokens, event.target_forward_s))
             self._fit_forward_cost()
-        timed = {src: v for src, v in getattr(event, "draft_by_source", {}).items() if v[1] > 0}
+        timed = _timed_drafters(event)
         if self.t1:
             # the draft stage is costed as draft tokens (draft_cost): leave it out here.  When
             # model drafters timed themselves, only their forwards are draft cost, and the rest
