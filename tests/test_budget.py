@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from lightspec_core.budget import DynamicBudget, StaticBudget
 from lightspec_core.interfaces import RowHistory, StepContext
 from lightspec_core.sampling import SamplingParams

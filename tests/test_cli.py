@@ -7,7 +7,6 @@ import sys
 
 import pytest
 from helpers import save_tiny
-
 from lightspec_core.cli import main
 
 

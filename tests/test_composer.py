@@ -7,13 +7,12 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
-from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
-
-from lightspec_core import ConfigError, LightSpecError, MTPPipeline
 from lightspec_core.composer import Combination, build_strategy, load_strategy_file
 from lightspec_core.config import KNOWN_KEYS, load_defaults
 from lightspec_core.plugins import get_registry
+from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
+
+from lightspec_core import ConfigError, LightSpecError, MTPPipeline
 
 PROMPTS = make_prompts(4, seed=11)
 N_NEW = 16

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
-
-from lightspec_core import MTPPipeline, hookimpl
 from lightspec_core.interfaces import DraftProposal
 from lightspec_core.kvcache import BatchedKV
 from lightspec_core.model_parts import HiddenCapture, _final_norm, early_exit_view, num_layers
 from lightspec_core.verify import verify_chain
+from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
+
+from lightspec_core import MTPPipeline, hookimpl
 
 ARCH = "llama"
 N_NEW = 24
@@ -486,7 +485,7 @@ def _padded_pair(target_vocab, draft_vocab):
         src.lm_head.weight[512:] = 0
     other = build_model("llama", vocab_size=small)
     with torch.no_grad():
-        for (n, p), (_, q) in zip(other.named_parameters(), src.named_parameters()):
+        for (_n, p), (_, q) in zip(other.named_parameters(), src.named_parameters()):
             p.copy_(q[: p.shape[0]] if p.shape != q.shape else q)
     return (src, other) if target_vocab == big else (other, src)
 

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from models import build_model
-
 from lightspec_core.kvcache import BatchedKV
 from lightspec_core.lean_decoder import exact_lean_target, lean_decoder
 from lightspec_core.strategies.model_drafter import LayerSkipDrafter, ModelDrafter
+from models import build_model
 
 CPU = torch.device("cpu")
 
@@ -183,7 +181,6 @@ def test_lean_capture_records_what_hf_hidden_states_hold():
 @pytest.mark.parametrize("arch,lean_target,expected", [("llama", True, "lean"), ("llama", False, "hf"), ("gpt2", True, "hf")])
 def test_pipeline_reports_the_target_forward(arch, lean_target, expected):
     from helpers import tiny_model, tiny_tokenizer
-
     from lightspec_core.pipeline import MTPPipeline
 
     pipe = MTPPipeline(tiny_model(arch), tiny_tokenizer(), strategy="ngram", lean_target=lean_target)

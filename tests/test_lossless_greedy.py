@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from models import ARCHS, ToyTokenizer, cached_model, hf_greedy, make_prompts, manual_greedy
 
 from lightspec_core import MTPPipeline

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from lightspec_core.interfaces import RowHistory, StepContext
 from lightspec_core.sampling import SamplingParams
 from lightspec_core.stats import StepStats

@@ -17,13 +17,12 @@ import math
 
 import pytest
 import torch
-
-from models import ToyTokenizer, build_model, cached_model
-
-from lightspec_core import MTPPipeline
 from lightspec_core.interfaces import DraftProposal, RowHistory, StepContext
 from lightspec_core.sampling import SamplingParams, exponential_noise, warp_logits, warped_probs
 from lightspec_core.verify import verify_chain
+from models import ToyTokenizer, build_model, cached_model
+
+from lightspec_core import MTPPipeline
 
 VOCAB = 10
 K = 2

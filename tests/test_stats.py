@@ -9,11 +9,10 @@ import logging
 import re
 
 import pytest
-
+from lightspec_core.stats import LogSink, RequestSummary, StepStats
 from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
 
 from lightspec_core import MTPPipeline
-from lightspec_core.stats import LogSink, RequestSummary, StepStats
 
 PROMPTS = make_prompts(5, seed=5)
 N_NEW = 18

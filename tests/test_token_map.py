@@ -8,13 +8,12 @@ import json
 
 import pytest
 import torch
-
-from models import ToyTokenizer, build_model, cached_model, hf_greedy, make_prompts
-
-from lightspec_core import MTPPipeline
 from lightspec_core.errors import LightSpecError
 from lightspec_core.kvcache import BatchedKV
 from lightspec_core.lean_decoder import lean_decoder
+from models import ToyTokenizer, build_model, cached_model, hf_greedy, make_prompts
+
+from lightspec_core import MTPPipeline
 
 HOT = list(range(3, 40))  # the toy vocabulary's "frequent" tokens
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import torch
 from helpers import hf_reference, save_tiny
-from models import build_model, make_prompts
-
 from lightspec_core.lean_decoder import lean_decoder
 from lightspec_core.pipeline import MTPPipeline, load_model
 from lightspec_core.weight_layout import column_major, is_column_major, use_cpu_layout
+from models import build_model, make_prompts
 
 
 def test_column_major_keeps_values_and_shape():

@@ -11,11 +11,11 @@ import sys
 import threading
 
 import torch
+from lightspec_core.pipeline import MTPPipeline, default_draft_path, default_model_path, load_model
+from lightspec_core.strategies import model_drafter
 from transformers import AutoTokenizer
 
 from lightspec_core import bench, sampling, verify
-from lightspec_core.pipeline import MTPPipeline, default_draft_path, default_model_path, load_model
-from lightspec_core.strategies import model_drafter
 
 torch.set_num_threads(1)
 tls = threading.local()

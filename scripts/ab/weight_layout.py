@@ -7,14 +7,13 @@ Usage: python scripts/ab/weight_layout.py TEMPERATURE ROUNDS BATCH STRATEGIES
   e.g. python scripts/ab/weight_layout.py 0.0 2 1 none,ngram,hybrid
 Prints tokens/s per workload ("RES" lines); docs/benchmarks.md quotes the ratios.
 """
-import collections
 import sys
 
 import torch
+from lightspec_core.pipeline import MTPPipeline, default_draft_path, default_model_path, load_model
 from transformers import AutoTokenizer
 
 from lightspec_core import bench
-from lightspec_core.pipeline import MTPPipeline, default_draft_path, default_model_path, load_model
 
 torch.set_num_threads(1)
 temp, reps, bs, strats = float(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")

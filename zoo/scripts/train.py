@@ -328,6 +328,7 @@ def model_card(args, name, model, log, data_meta, final_eval, device, teacher_di
 def eval_only(args):
     """Re-evaluate a saved model folder (--out) and rewrite its model card and training_log.json."""
     from argparse import Namespace
+
     from transformers import AutoModelForCausalLM
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -360,9 +361,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.eval_only:
         return eval_only(args)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     import transformers
     from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -6,9 +6,8 @@ import json
 import sysconfig
 from pathlib import Path
 
-import pytest
-
 import lightspec_zoo
+import pytest
 
 ZOO = Path(__file__).resolve().parents[1]
 PROMPTS = ZOO / "src" / "lightspec_zoo" / "prompts"
@@ -93,7 +92,7 @@ def test_models_load_and_generate():
 # ------------------------------------------------------------------ prompts
 
 def _load(wl):
-    return [json.loads(l) for l in (PROMPTS / f"{wl}.jsonl").read_text().splitlines() if l.strip()]
+    return [json.loads(line) for line in (PROMPTS / f"{wl}.jsonl").read_text().splitlines() if line.strip()]
 
 
 def _source_file(rel: str) -> Path | None:
