@@ -61,3 +61,33 @@ def test_copy_documents_repeat_the_function_with_whole_word_renames():
         assert old in ("values", "factor", "offset") and new != old
         assert body == re.sub(rf"\b{old}\b", new, FUNC.strip("\n")) + "\n"
     assert renamed >= 25  # most documents rename (85%)
+
+
+MODULE = "\n".join(f"value_{i} = compute(value_{i - 1}, scale) if scale else None" for i in range(1, 60))
+
+
+def test_window_documents_copy_a_window_with_a_whole_word_rename_or_unchanged():
+    mod = _load()
+    docs = mod.window_documents([("cpython-lib/keep.py", MODULE)], random.Random(0), 60)
+    assert len(docs) == 60
+    renamed = 0
+    for d in docs:
+        original, rest = d.split("\n\n# ", 1)
+        code = original.removeprefix("# Original:\n")
+        assert code in MODULE and 6 <= code.count("\n") + 1 <= 30  # a whole-line window
+        head, body = rest.split("\n", 1)
+        m = re.match(r"The same code with `(\w+)` renamed to `(\w+)`:", head)
+        if m is None:
+            assert head in ("The same code, unchanged:", "A copy of the code above:")
+            assert body == code + "\n"
+            continue
+        renamed += 1
+        old, new = m.groups()
+        assert len(re.findall(rf"\b{old}\b", code)) >= 2 and new != old
+        assert body == re.sub(rf"\b{old}\b", new, code) + "\n"
+    assert 30 <= renamed < 60  # about 70% rename
+
+
+def test_window_documents_skip_files_too_short_for_a_window():
+    mod = _load()
+    assert mod.window_documents([("cpython-lib/short.py", "x = 1\ny = 2\n")], random.Random(0), 5) == []
