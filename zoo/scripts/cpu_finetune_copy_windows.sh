@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Copy stage 2 for the shipped target, on this CPU (2 threads, ~50 minutes). An experiment, not
-# what the shipped weights came from: the result copies better but made the suite slower overall
-# with the shipped draft (zoo/README.md, "A second copy stage"); INSTALL=1 installs it anyway.
+# what the shipped weights came from: the result copies better but made the suite slower overall,
+# with the shipped draft and with one re-distilled for it (zoo/README.md, "A copy stage with
+# window documents"); INSTALL=1 installs it anyway.
 #   1. make_copy_data.py with window documents: copy documents are 75% of the mixture,
 #      half of them random code windows, not only whole functions (zoo/build/tokens-copy-v2);
 #   2. the target: --init-from the installed target, next-token CE, lr 2e-4, TARGET_S seconds;
