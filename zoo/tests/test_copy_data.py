@@ -2,23 +2,10 @@
 held out, keep the whole function, and rename whole words only."""
 from __future__ import annotations
 
-import importlib.util
 import random
 import re
-from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _load():
-    import sys
-
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("make_copy_data", SCRIPTS / "make_copy_data.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
+from zoo_scripts import load_script
 
 FUNC = '''
 def scale(values, factor, offset=0):
@@ -32,7 +19,7 @@ def scale(values, factor, offset=0):
 
 
 def test_held_out_files_are_excluded(tmp_path):
-    mod = _load()
+    mod = load_script("make_copy_data")
     (tmp_path / "os.py").write_text("x = 1\n")
     (tmp_path / "keep.py").write_text(FUNC)
     (tmp_path / "held.py").write_text(FUNC)
@@ -43,7 +30,7 @@ def test_held_out_files_are_excluded(tmp_path):
 
 
 def test_copy_documents_repeat_the_function_with_whole_word_renames():
-    mod = _load()
+    mod = load_script("make_copy_data")
     docs = mod.copy_documents([("cpython-lib/keep.py", FUNC)] * 40, random.Random(0))
     assert len(docs) == 40
     renamed = 0
@@ -67,7 +54,7 @@ MODULE = "\n".join(f"value_{i} = compute(value_{i - 1}, scale) if scale else Non
 
 
 def test_window_documents_copy_a_window_with_a_whole_word_rename_or_unchanged():
-    mod = _load()
+    mod = load_script("make_copy_data")
     docs = mod.window_documents([("cpython-lib/keep.py", MODULE)], random.Random(0), 60)
     assert len(docs) == 60
     renamed = 0
@@ -89,5 +76,5 @@ def test_window_documents_copy_a_window_with_a_whole_word_rename_or_unchanged():
 
 
 def test_window_documents_skip_files_too_short_for_a_window():
-    mod = _load()
+    mod = load_script("make_copy_data")
     assert mod.window_documents([("cpython-lib/short.py", "x = 1\ny = 2\n")], random.Random(0), 5) == []

@@ -2,30 +2,18 @@
 format that are not suite prompts, and its measures read a model's copying correctly."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import lightspec_zoo
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
-
-
-def _load():
-    sys.path.insert(0, str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("eval_copy", SCRIPTS / "eval_copy.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from zoo_scripts import load_script
 
 
 @pytest.fixture(scope="module")
 def setup():
     from transformers import AutoTokenizer
 
-    mod = _load()
+    mod = load_script("eval_copy")
     tok = AutoTokenizer.from_pretrained(lightspec_zoo.model_path())
     try:
         exs = mod.examples(tok, 4, 32, 0, None)

@@ -2,23 +2,15 @@
 ``zoo/scripts/eval_draft_acceptance.py`` (greedy chain acceptance), on a tiny random Llama."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from zoo_scripts import load_script
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 VOCAB, EOT = 64, 0
 
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +38,7 @@ def source(tmp_path):
 
 
 def _run(target, source, out, tokens):
-    _load("make_onpolicy_data").main([
+    load_script("make_onpolicy_data").main([
         "--target", str(target), "--source", str(source), "--out", str(out), "--prompt-len", "12",
         "--new-tokens", "5", "--batch-size", "3", "--sampled-every", "2", "--tokens", str(tokens),
         "--threads", "1"])
@@ -91,7 +83,7 @@ def test_resume_appends_and_matches_one_run(tiny_target, source, tmp_path):
 def test_chain_matches_counts_the_drafts_greedy_prefix(tiny_target):
     from transformers import AutoModelForCausalLM
 
-    ev = _load("eval_draft_acceptance")
+    ev = load_script("eval_draft_acceptance")
     model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
     ctx = torch.randint(1, VOCAB, (10,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
