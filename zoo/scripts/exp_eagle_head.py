@@ -60,7 +60,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 class Head(nn.Module):
     def __init__(self, hidden: int, heads: int, inter: int, theta: float, n_feat: int = 3):
         super().__init__()
-        self.H, self.nh, self.theta = hidden, heads, theta
+        self.nh, self.theta = heads, theta
         self.fc = nn.Linear(n_feat * hidden, hidden, bias=False)
         self.norm_e, self.norm_g = nn.RMSNorm(hidden, eps=1e-5), nn.RMSNorm(hidden, eps=1e-5)
         self.qkv = nn.Linear(2 * hidden, 3 * hidden, bias=False)
