@@ -46,12 +46,17 @@ the target verifies every token it proposes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from lightspec_kernels import cpu_attention, cpu_linear
 from torch import nn
 
-from .weight_layout import column_major, is_column_major
+from .hf_attention import uses_cpu_attention
+from .weight_layout import PackedLinear, column_major, is_column_major
+
+Linear = Callable[[torch.Tensor], torch.Tensor]  # x [..., in] -> [..., out]
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -61,6 +66,31 @@ class LeanOutput:
     logits: torch.Tensor  # [B, q, V]
 
 
+def linear_fn(linear: nn.Module) -> Linear:
+    """``linear(x)`` without ``nn.Module``'s call machinery: the packed CPU kernel for a
+    ``PackedLinear`` (``weight_layout``), ``F.linear`` on its weight otherwise."""
+    if isinstance(linear, PackedLinear):
+        return cpu_linear.bind(linear.current(), linear.bias)
+    w, b = linear.weight, linear.bias
+    return lambda x: F.linear(x, w, b)
+
+
+def _packed_siblings(linears: list[nn.Module]) -> Linear | None:
+    """One call for sibling projections (q/k/v, gate/up) whose packed weights lie side by
+    side in one buffer (``use_packed_linears`` lays them out so): the kernel computes every
+    output column on its own, so the results are the separate calls', bit for bit."""
+    if not all(isinstance(m, PackedLinear) for m in linears):
+        return None
+    whole = cpu_linear.adjacent([m.current() for m in linears])
+    if whole is None:
+        return None
+    biases = [m.bias for m in linears]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.detach() if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(linears, biases)])
+    return cpu_linear.bind(whole, bias)
+
+
 @dataclass
 class _Block:
     """One decoder block's tensors, read once: attribute access through ``nn.Module``
@@ -68,26 +98,26 @@ class _Block:
 
     ln1: nn.Module
     ln2: nn.Module
-    q: tuple  # (weight, bias) of each projection
-    k: tuple
-    v: tuple
-    o: tuple
-    gate: tuple
-    up: tuple
-    down: tuple
+    q: Linear  # each projection as a plain function (linear_fn)
+    k: Linear
+    v: Linear
+    o: Linear
+    gate: Linear
+    up: Linear
+    down: Linear
     q_norm: nn.Module | None
     k_norm: nn.Module | None
+    modules: tuple  # the projections' modules: q, k, v, o, gate, up, down
+    qkv: Linear | None  # q/k/v in one call (outputs side by side), where that is exact
+    gate_up: Linear | None
 
     @classmethod
     def of(cls, layer: nn.Module) -> "_Block":
         a, m = layer.self_attn, layer.mlp
-
-        def wb(linear):
-            return linear.weight, linear.bias
-
-        return cls(layer.input_layernorm, layer.post_attention_layernorm, wb(a.q_proj), wb(a.k_proj), wb(a.v_proj),
-                   wb(a.o_proj), wb(m.gate_proj), wb(m.up_proj), wb(m.down_proj),
-                   getattr(a, "q_norm", None), getattr(a, "k_norm", None))
+        mods = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+        return cls(layer.input_layernorm, layer.post_attention_layernorm, *(linear_fn(x) for x in mods),
+                   getattr(a, "q_norm", None), getattr(a, "k_norm", None), mods,
+                   _packed_siblings(list(mods[:3])), _packed_siblings(list(mods[4:6])))
 
 
 def lean_decoder(model: nn.Module, num_layers: int | None = None, exact: bool = True,
@@ -145,7 +175,12 @@ class LeanDecoder:
         self.vocab = self.head.weight.shape[0]
         self.out_ids: torch.Tensor | None = None  # [n]: restrict_vocab's token ids
         self.out_weight: torch.Tensor | None = None  # [n, H]: their lm_head rows
+        self.out_fn: Linear | None = None  # h -> logits of those rows
+        self.head_fn = linear_fn(self.head)
         self.exact = exact
+        # the CPU attention kernel: for the exact target only when the model's own forward
+        # runs it too (hf_attention), for drafts wherever it runs
+        self.cpu_attention = uses_cpu_attention(model) if exact else cpu_attention.available()
         self.hidden = cfg.hidden_size
         self.fused = [_Fused.of(blk) for blk in self.blocks] if fuse else None
         # exact=False: cos/sin per position, computed by the model's own rotary module once
@@ -162,15 +197,20 @@ class LeanDecoder:
         among the frequent tokens plus the request's own tokens reads a fraction of it, as
         FR-Spec and EAGLE-3's reduced draft vocabularies do.  ``None``: the whole vocabulary."""
         if token_ids is None:
-            self.out_ids = self.out_weight = self.out_bias = None
+            self.out_ids = self.out_weight = self.out_bias = self.out_fn = None
             return
         ids = token_ids.to(self.head.weight.device)
         self.out_ids = ids
-        rows = self.head.weight.index_select(0, ids)
+        rows = self.head.weight.detach().index_select(0, ids)
         # keep the head's storage order (weight_layout: column-major is faster on the CPU)
         self.out_weight = column_major(rows) if is_column_major(self.head.weight) else rows
         bias = getattr(self.head, "bias", None)
-        self.out_bias = None if bias is None else bias.index_select(0, ids)
+        self.out_bias = None if bias is None else bias.detach().index_select(0, ids)
+        if isinstance(self.head, PackedLinear):  # the packed kernel on the selected rows
+            self.out_fn = cpu_linear.bind(cpu_linear.pack(rows), self.out_bias)
+        else:
+            weight, out_bias = self.out_weight, self.out_bias
+            self.out_fn = lambda x: F.linear(x, weight, out_bias)
 
     def capture(self, layer_ids: list[int]) -> "LeanDecoder":
         """Record, on every forward, the hidden states ``[B, q, H]`` of ``layer_ids`` in
@@ -198,9 +238,13 @@ class LeanDecoder:
             if i in self.record:
                 self.states[i] = h
             x = _rms(blk.ln1, h)
-            qs = F.linear(x, *blk.q).view(B, q, -1, D)
-            ks = F.linear(x, *blk.k).view(B, q, -1, D)
-            vs = F.linear(x, *blk.v).view(B, q, -1, D).transpose(1, 2)
+            if blk.qkv is not None:  # one packed call, the same numbers as three
+                qs, ks, vs = blk.qkv(x).view(B, q, -1, D).split([self.n_heads, self.n_kv, self.n_kv], dim=2)
+                vs = vs.transpose(1, 2)
+            else:
+                qs = blk.q(x).view(B, q, -1, D)
+                ks = blk.k(x).view(B, q, -1, D)
+                vs = blk.v(x).view(B, q, -1, D).transpose(1, 2)
             if blk.q_norm is not None:  # qwen3: RMSNorm over each head's vector
                 qs, ks = _rms(blk.q_norm, qs), _rms(blk.k_norm, ks)
             qs = _rotate(qs.transpose(1, 2), cos, sin)
@@ -208,10 +252,14 @@ class LeanDecoder:
             keys, values = cache.update(ks, vs, i)  # [B, H_kv, cols, D], the new columns last
             if mask is None and (attention_mask is not None or q > 1):
                 mask = _mask(attention_mask, B, q, keys.shape[2], h.device)
-            o = self._attend(qs, keys, values, mask)
-            h = h + F.linear(o.transpose(1, 2).reshape(B, q, -1), *blk.o)
+            o = self._attend(qs, keys, values, mask)  # [B, q, H, D]
+            h = h + blk.o(o.reshape(B, q, -1))
             x = _rms(blk.ln2, h)
-            h = h + F.linear(F.silu(F.linear(x, *blk.gate)) * F.linear(x, *blk.up), *blk.down)
+            if blk.gate_up is not None:
+                gate, up = blk.gate_up(x).chunk(2, dim=-1)
+            else:
+                gate, up = blk.gate(x), blk.up(x)
+            h = h + blk.down(F.silu(gate) * up)
         h = _rms(self.norm, h)
         if len(self.layers) in self.record:
             self.states[len(self.layers)] = h
@@ -226,8 +274,8 @@ class LeanDecoder:
         elif logits_to_keep:  # as HF: logits of the last n positions only
             h = h[:, -logits_to_keep:]
         if self.out_ids is None:
-            return LeanOutput(logits=F.linear(h, self.head.weight, self.head.bias))
-        part = F.linear(h, self.out_weight, self.out_bias)  # [B, q, n]
+            return LeanOutput(logits=self.head_fn(h))
+        part = self.out_fn(h)  # [B, q, n]
         logits = part.new_full((*part.shape[:-1], self.vocab), float("-inf"))
         logits[..., self.out_ids] = part
         return LeanOutput(logits=logits)
@@ -246,13 +294,14 @@ class LeanDecoder:
             if i in self.record:
                 self.states[i] = h
             x = F.rms_norm(h, (self.hidden,), blk.ln1.weight, _eps(blk.ln1))
-            if self.fused is not None:
-                qkv = F.linear(x, *self.fused[i].qkv).view(B, q, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, q, D]
+            qkv_fn = blk.qkv or (self.fused[i].qkv if self.fused is not None else None)
+            if qkv_fn is not None:
+                qkv = qkv_fn(x).view(B, q, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, q, D]
                 qk, vs = qkv[:, : H + Hkv], qkv[:, H + Hkv :]
             else:
-                qk = torch.cat([F.linear(x, *blk.q).view(B, q, H, D), F.linear(x, *blk.k).view(B, q, Hkv, D)], dim=2)
+                qk = torch.cat([blk.q(x).view(B, q, H, D), blk.k(x).view(B, q, Hkv, D)], dim=2)
                 qk = qk.transpose(1, 2)
-                vs = F.linear(x, *blk.v).view(B, q, Hkv, D).transpose(1, 2)
+                vs = blk.v(x).view(B, q, Hkv, D).transpose(1, 2)
             if blk.q_norm is not None:  # qwen3: per-head norms, different for q and k
                 qk = torch.cat([F.rms_norm(qk[:, :H], (D,), blk.q_norm.weight, _eps(blk.q_norm)),
                                 F.rms_norm(qk[:, H:], (D,), blk.k_norm.weight, _eps(blk.k_norm))], dim=1)
@@ -261,14 +310,15 @@ class LeanDecoder:
             keys, values = cache.update(ks, vs, i)
             if mask is None and (attention_mask is not None or q > 1):
                 mask = _mask(attention_mask, B, q, keys.shape[2], h.device)
-            o = self._attend(qs, keys, values, mask)
-            h = h + F.linear(o.transpose(1, 2).reshape(B, q, -1), *blk.o)
+            o = self._attend(qs, keys, values, mask)  # [B, q, H, D]
+            h = h + blk.o(o.reshape(B, q, -1))
             x = F.rms_norm(h, (self.hidden,), blk.ln2.weight, _eps(blk.ln2))
-            if self.fused is not None:
-                gate, up = F.linear(x, *self.fused[i].gate_up).chunk(2, dim=-1)
+            gate_up_fn = blk.gate_up or (self.fused[i].gate_up if self.fused is not None else None)
+            if gate_up_fn is not None:
+                gate, up = gate_up_fn(x).chunk(2, dim=-1)
             else:
-                gate, up = F.linear(x, *blk.gate), F.linear(x, *blk.up)
-            h = h + F.linear(F.silu(gate) * up, *blk.down)
+                gate, up = blk.gate(x), blk.up(x)
+            h = h + blk.down(F.silu(gate) * up)
         h = F.rms_norm(h, (self.hidden,), self.norm.weight, _eps(self.norm))
         if len(self.layers) in self.record:
             self.states[len(self.layers)] = h
@@ -291,25 +341,32 @@ class LeanDecoder:
     __call__ = forward
 
     def _attend(self, qs: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        """``qs [B, H, q, D]`` over ``keys, values [B, H_kv, cols, D]`` → ``[B, H, q, D]``.
+        """``qs [B, H, q, D]`` over ``keys, values [B, H_kv, cols, D]`` → ``[B, q, H, D]``.
 
-        Grouped-query attention is laid out the way transformers' SDPA integration lays it
-        out (GQA inside SDPA without a mask; one query token packed as ``[B, H_kv, n_rep, D]``
-        with a mask; keys repeated otherwise), because a different layout rounds
-        differently and the target's forward must match HF's bit for bit."""
+        With ``cpu_attention``: LightSpec's kernel (hf_attention), whose results do not
+        depend on how the mask is given.  Otherwise SDPA, with grouped-query attention laid
+        out the way transformers' SDPA integration lays it out (GQA inside SDPA without a
+        mask; one query token packed as ``[B, H_kv, n_rep, D]`` with a mask; keys repeated
+        otherwise), because a different layout rounds differently and the target's forward
+        must match HF's bit for bit."""
+        if self.cpu_attention and qs.dtype == torch.float32 and qs.device.type == "cpu":
+            return cpu_attention.attention_cpu(qs, keys, values, mask, self.scale)
         rep = self.n_heads // self.n_kv
         if rep == 1:
-            return F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scale)
+            o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scale)
+            return o.transpose(1, 2)
         if mask is None:
-            return F.scaled_dot_product_attention(qs, keys, values, scale=self.scale, enable_gqa=True)
+            o = F.scaled_dot_product_attention(qs, keys, values, scale=self.scale, enable_gqa=True)
+            return o.transpose(1, 2)
         B, H, q, D = qs.shape
         if q == 1:
             packed = qs.reshape(B, self.n_kv, rep, D)
             o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=self.scale)
-            return o.reshape(B, H, 1, D)
+            return o.reshape(B, H, 1, D).transpose(1, 2)
         keys = keys[:, :, None].expand(B, self.n_kv, rep, *keys.shape[2:]).reshape(B, H, *keys.shape[2:])
         values = values[:, :, None].expand(B, self.n_kv, rep, *values.shape[2:]).reshape(B, H, *values.shape[2:])
-        return F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scale)
+        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scale)
+        return o.transpose(1, 2)
 
 
 def exact_lean_target(model: nn.Module) -> LeanDecoder | None:
@@ -342,24 +399,34 @@ def exact_lean_target(model: nn.Module) -> LeanDecoder | None:
 
 @dataclass
 class _Fused:
-    """``fuse=True``: a block's q/k/v and gate/up projections as one matmul each."""
+    """``fuse=True``: a block's q/k/v and gate/up projections as one matmul each (``None``
+    where the block already has an exact one-call form, ``_Block.qkv``/``gate_up``)."""
 
-    qkv: tuple  # (weight [(H + 2 H_kv) D, hidden], bias or None)
-    gate_up: tuple  # (weight [2 I, hidden], bias or None)
+    qkv: Linear | None  # x -> [..., (H + 2 H_kv) D]
+    gate_up: Linear | None  # x -> [..., 2 I]
+    weights: tuple  # the concatenated weights [out, hidden] made here (for inspection)
 
     @classmethod
     def of(cls, blk: _Block) -> "_Fused":
-        def cat(*pairs):
-            weight = torch.cat([w for w, _ in pairs]).detach()
-            if all(is_column_major(w) for w, _ in pairs):  # keep weight_layout's storage order
-                weight = column_major(weight)
-            biases = [b for _, b in pairs]
-            if all(b is None for b in biases):
-                return weight, None
-            bias = torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in pairs]).detach()
-            return weight, bias
+        made = []
 
-        return cls(cat(blk.q, blk.k, blk.v), cat(blk.gate, blk.up))
+        def cat(mods):
+            weight = torch.cat([m.weight for m in mods]).detach()
+            if all(is_column_major(m.weight) for m in mods):  # keep weight_layout's storage order
+                weight = column_major(weight)
+            biases = [m.bias for m in mods]
+            bias = None
+            if any(b is not None for b in biases):
+                bias = torch.cat([b if b is not None else m.weight.new_zeros(m.out_features) for m, b in zip(mods, biases)]).detach()
+            made.append(weight)
+            if all(isinstance(m, PackedLinear) for m in mods):
+                return cpu_linear.bind(cpu_linear.pack(weight), bias)
+            return lambda x: F.linear(x, weight, bias)
+
+        m = blk.modules
+        qkv = None if blk.qkv is not None else cat(m[:3])
+        gate_up = None if blk.gate_up is not None else cat(m[4:6])
+        return cls(qkv, gate_up, tuple(made))
 
 
 def _eps(norm: nn.Module) -> float:

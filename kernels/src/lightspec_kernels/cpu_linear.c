@@ -1,0 +1,181 @@
+/* y = x @ W.T (+ bias) for small row counts on x86-64 CPUs, with W pre-packed.
+ *
+ * Why: at batch 1 a decode step or a verify over a few tokens is a product of a few rows
+ * by every weight of the model, and on the CPU the BLAS reads the weights slowly at that
+ * shape (it packs them on every call).  Here the weights are packed once, at load, as
+ * column blocks of 16 outputs ([N/16][K][16], float16 or float32), so that one pass reads
+ * each weight once, in order, and multiplies it into up to 8 rows held in registers.
+ * float16 storage halves the bytes read; it is used only when the float32 weights are
+ * exactly float16 values (a model stored in float16), so the products are unchanged.
+ *
+ * Numerics: every output is one fused multiply-add chain over k = 0..K-1 starting from
+ * 0, then + bias.  The chain does not depend on how many rows are computed together, so a
+ * row's result is the same bit for bit whatever M is (a verify over q tokens gives the
+ * logits a one-token step gives).
+ *
+ * Build: cc -O3 -march=native -ffp-contract=fast -shared -fPIC (lightspec_kernels.cpu_linear
+ * compiles it on first use).  The 64-byte vectors are GCC vector extensions: one zmm
+ * register with AVX-512, two ymm registers with AVX2.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_parallel.h"
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 load_f32(const float *p) {
+  v16 v;
+  memcpy(&v, p, 64);
+  return v;
+}
+
+static inline v16 load_f16(const uint16_t *p) {
+#if defined(__AVX512F__)
+  return (v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+#else
+  __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+  __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+  v16 v;
+  memcpy(&v, &lo, 32);
+  memcpy((char *)&v + 32, &hi, 32);
+  return v;
+#endif
+}
+
+static inline v16 splat(float f) { return (v16){f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f}; }
+
+/* Store 16 outputs, only the first `n` of them when the block is the last, partial one. */
+static inline void store(float *y, v16 v, int64_t n) {
+  if (n >= 16)
+    memcpy(y, &v, 64);
+  else
+    memcpy(y, &v, (size_t)n * 4);
+}
+
+/* One register tile: MT rows of x times NT column blocks of W, accumulated over all of K. */
+#define TILE(NAME, WT, LOAD, MT, NT)                                                         \
+  static void NAME(const float *x, int64_t ldx, int64_t K, const WT *w, const float *bias,   \
+                   float *y, int64_t ldy, int64_t nb0, int64_t N) {                          \
+    v16 acc[MT][NT];                                                                         \
+    const WT *wb[NT];                                                                        \
+    for (int j = 0; j < NT; j++) wb[j] = w + (nb0 + j) * K * 16;                             \
+    for (int i = 0; i < MT; i++)                                                             \
+      for (int j = 0; j < NT; j++) acc[i][j] = splat(0.f);                                   \
+    for (int64_t k = 0; k < K; k++) {                                                        \
+      v16 wv[NT];                                                                            \
+      for (int j = 0; j < NT; j++) wv[j] = LOAD(wb[j] + k * 16);                             \
+      for (int i = 0; i < MT; i++) {                                                         \
+        v16 xb = splat(x[i * ldx + k]);                                                      \
+        for (int j = 0; j < NT; j++) acc[i][j] += xb * wv[j];                                \
+      }                                                                                      \
+    }                                                                                        \
+    for (int j = 0; j < NT; j++) {                                                           \
+      int64_t col = (nb0 + j) * 16;                                                          \
+      v16 b = splat(0.f);                                                                    \
+      if (bias) {                                                                            \
+        float tmp[16] = {0};                                                                 \
+        memcpy(tmp, bias + col, (size_t)(N - col < 16 ? N - col : 16) * 4);                  \
+        b = load_f32(tmp);                                                                   \
+      }                                                                                      \
+      for (int i = 0; i < MT; i++) store(y + i * ldy + col, bias ? acc[i][j] + b : acc[i][j], N - col); \
+    }                                                                                        \
+  }
+
+/* Row-tile sizes and the column blocks each takes at once: enough independent
+ * accumulators to hide the FMA latency, few enough to stay in 32 vector registers. */
+#define TILES(SFX, WT, LOAD)                 \
+  TILE(t1_8_##SFX, WT, LOAD, 1, 8)           \
+  TILE(t2_4_##SFX, WT, LOAD, 2, 4)           \
+  TILE(t3_4_##SFX, WT, LOAD, 3, 4)           \
+  TILE(t4_4_##SFX, WT, LOAD, 4, 4)           \
+  TILE(t6_2_##SFX, WT, LOAD, 6, 2)           \
+  TILE(t8_2_##SFX, WT, LOAD, 8, 2)           \
+  TILE(t1_1_##SFX, WT, LOAD, 1, 1)           \
+  TILE(t2_1_##SFX, WT, LOAD, 2, 1)           \
+  TILE(t3_1_##SFX, WT, LOAD, 3, 1)           \
+  TILE(t4_1_##SFX, WT, LOAD, 4, 1)           \
+  TILE(t6_1_##SFX, WT, LOAD, 6, 1)           \
+  TILE(t8_1_##SFX, WT, LOAD, 8, 1)
+
+TILES(f16, uint16_t, load_f16)
+TILES(f32, float, load_f32)
+
+/* Column blocks are the outer loop, rows the inner one: a strip of 8 column blocks of W
+ * (8 x K x 16 values, at most 512 KB) is read from memory once and then reused from the
+ * L2 cache for every row tile; each row tile walks the strip as wide as its tile allows.
+ * Strips are independent: big calls split them over `threads` threads. */
+#define STRIP 8
+#define DRIVER(SFX, WT)                                                                                    \
+  typedef struct {                                                                                      \
+    const float *x;                                                                                     \
+    int64_t M, K, ldx;                                                                                  \
+    const WT *w;                                                                                        \
+    int64_t N;                                                                                          \
+    const float *bias;                                                                                  \
+    float *y;                                                                                           \
+    int64_t ldy;                                                                                        \
+  } args_##SFX;                                                                                         \
+  static void strips_##SFX(void *ctx, int64_t s0, int64_t s1) {                                         \
+    const args_##SFX *a = (const args_##SFX *)ctx;                                                      \
+    const float *x = a->x, *bias = a->bias;                                                             \
+    const WT *w = a->w;                                                                                 \
+    float *y = a->y;                                                                                    \
+    int64_t M = a->M, K = a->K, ldx = a->ldx, N = a->N, ldy = a->ldy;                                   \
+    int64_t NB = (N + 15) / 16;                                                                         \
+    for (int64_t nb = s0 * STRIP; nb < NB && nb < s1 * STRIP; nb += STRIP) {                            \
+      int64_t last = nb + STRIP < NB ? nb + STRIP : NB;                                                 \
+      for (int64_t m = 0; m < M;) {                                                                     \
+        int64_t r = M - m;                                                                              \
+        const float *xm = x + m * ldx;                                                                  \
+        float *ym = y + m * ldy;                                                                        \
+        int mt = r >= 8 ? 8 : r >= 6 ? 6 : r >= 4 ? 4 : r >= 3 ? 3 : r >= 2 ? 2 : 1;                    \
+        int nt = mt == 1 ? 8 : mt <= 4 ? 4 : 2;                                                         \
+        int64_t b = nb;                                                                                 \
+        for (; b + nt <= last; b += nt) {                                                               \
+          switch (mt) {                                                                                 \
+            case 8: t8_2_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            case 6: t6_2_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            case 4: t4_4_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            case 3: t3_4_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            case 2: t2_4_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            default: t1_8_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                             \
+          }                                                                                             \
+        }                                                                                               \
+        for (; b < last; b++) {                                                                         \
+          switch (mt) {                                                                                 \
+            case 8: t8_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            case 6: t6_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            case 4: t4_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            case 3: t3_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            case 2: t2_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
+            default: t1_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                             \
+          }                                                                                             \
+        }                                                                                               \
+        m += mt;                                                                                        \
+      }                                                                                                 \
+    }                                                                                                   \
+  }                                                                                                     \
+  void ls_linear_##SFX(const float *x, int64_t M, int64_t K, int64_t ldx, const WT *w, int64_t N,         \
+                       const float *bias, float *y, int64_t ldy, int threads) {                         \
+    args_##SFX a = {x, M, K, ldx, w, N, bias, y, ldy};                                                  \
+    int64_t strips = ((N + 15) / 16 + STRIP - 1) / STRIP;                                               \
+    /* below ~30M multiply-adds (~1 ms) starting threads costs more than it saves */                 \
+    if ((double)M * (double)N * (double)K < 3e7) threads = 1;                                          \
+    ls_parallel(strips_##SFX, &a, strips, threads);                                                     \
+  }
+
+DRIVER(f16, uint16_t)
+DRIVER(f32, float)
+
+/* 2: AVX-512F, 1: AVX2 + F16C + FMA (what this file was compiled for). */
+int ls_isa(void) {
+#if defined(__AVX512F__)
+  return 2;
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+  return 1;
+#else
+  return 0;
+#endif
+}
