@@ -34,7 +34,7 @@ def test_use_cpu_layout_restores_every_linear_in_place_and_keeps_ties():
     ids = torch.tensor([make_prompts(1, seed=3)[0]])
     with torch.no_grad():
         ref = model(ids).logits
-        n = use_cpu_layout(model)
+        n = use_cpu_layout(model, packed=False)
         out = model(ids).logits
     assert n == len(linears)  # the tied lm_head is one of them
     assert all(is_column_major(m.weight) for m in linears)
@@ -42,15 +42,19 @@ def test_use_cpu_layout_restores_every_linear_in_place_and_keeps_ties():
     after = dict(model.named_parameters())
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert torch.allclose(ref, out, atol=1e-4, rtol=1e-4)  # only the summation order differs
-    assert use_cpu_layout(model) == 0  # idempotent
+    assert use_cpu_layout(model, packed=False) == 0  # idempotent
 
 
 def test_load_model_uses_the_layout_on_cpu_fp32_only(tmp_path):
     path = save_tiny(tmp_path / "m")
     m = load_model(path, torch.device("cpu"), torch.float32)
-    assert is_column_major(m.model.layers[0].mlp.down_proj.weight)
+    if cpu_linear.available():  # the packed kernel: weights keep their storage
+        assert isinstance(m.model.layers[0].mlp.down_proj, PackedLinear)
+    else:
+        assert is_column_major(m.model.layers[0].mlp.down_proj.weight)
     plain = load_model(path, torch.device("cpu"), torch.float32, cpu_layout=False)
     assert not is_column_major(plain.model.layers[0].mlp.down_proj.weight)
+    assert type(plain.model.layers[0].mlp.down_proj) is torch.nn.Linear
     # a re-stored model still saves and reloads to the same values
     m.save_pretrained(tmp_path / "again")
     again = load_model(tmp_path / "again", torch.device("cpu"), torch.float32, cpu_layout=False)
@@ -60,7 +64,8 @@ def test_load_model_uses_the_layout_on_cpu_fp32_only(tmp_path):
 def test_greedy_identical_to_hf_on_the_restored_model(tmp_path):
     path = save_tiny(tmp_path / "m")
     pipe = MTPPipeline.from_pretrained(str(path), strategy="ngram", device="cpu", dtype="float32")
-    assert is_column_major(pipe.target.model.layers[0].self_attn.q_proj.weight)
+    q_proj = pipe.target.model.layers[0].self_attn.q_proj
+    assert isinstance(q_proj, PackedLinear) if cpu_linear.available() else is_column_major(q_proj.weight)
     assert pipe.engine.target_forward == "lean"  # the exact lean forward still matches HF's on it
     for prompt in make_prompts(4, seed=5, vocab=len(pipe.tokenizer)):
         got = pipe.generate([prompt], max_new_tokens=24, ignore_eos=True)[0].token_ids
@@ -89,6 +94,7 @@ def test_packed_linears_keep_parameters_and_ties(arch):
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(type(m) is PackedLinear for m in linears)
     assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.lm_head.weight.is_contiguous()  # the embedding's rows stay contiguous
     assert model.state_dict().keys() == state.keys()
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

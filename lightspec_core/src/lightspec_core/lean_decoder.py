@@ -50,9 +50,10 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from lightspec_kernels import cpu_attention, cpu_linear
+from lightspec_kernels import cpu_attention, cpu_linear, cpu_norm_rope
 from torch import nn
 
+from .cpu_norm import KernelRMSNorm
 from .hf_attention import uses_cpu_attention
 from .weight_layout import PackedLinear, column_major, is_column_major
 
@@ -73,6 +74,35 @@ def linear_fn(linear: nn.Module) -> Linear:
         return cpu_linear.bind(linear.current(), linear.bias)
     w, b = linear.weight, linear.bias
     return lambda x: F.linear(x, w, b)
+
+
+Norm = Callable[..., object]  # f(x) -> y, f(x, residual) -> (x + residual, y)
+
+
+def norm_fn(norm: nn.Module, exact: bool = True) -> Norm:
+    """An RMSNorm module as ``f(x, residual=None)``: ``y``, or ``(x + residual, y)`` with
+    the residual add fused in front.  A ``KernelRMSNorm`` (cpu_norm) runs its kernel, the
+    same one the module's forward runs; otherwise HF's op sequence (``exact``) or
+    ``F.rms_norm`` (drafts)."""
+    if isinstance(norm, KernelRMSNorm):
+        return cpu_norm_rope.bind_rms_norm(norm.weight, norm.variance_epsilon)
+    if exact:
+        def hf_norm(x, residual=None):
+            if residual is None:
+                return _rms(norm, x)
+            s = x + residual
+            return s, _rms(norm, s)
+
+        return hf_norm
+    width, weight, eps = norm.weight.shape[0], norm.weight, _eps(norm)
+
+    def fast_norm(x, residual=None):
+        if residual is None:
+            return F.rms_norm(x, (width,), weight, eps)
+        s = x + residual
+        return s, F.rms_norm(s, (width,), weight, eps)
+
+    return fast_norm
 
 
 def _packed_siblings(linears: list[nn.Module]) -> Linear | None:
@@ -110,14 +140,21 @@ class _Block:
     modules: tuple  # the projections' modules: q, k, v, o, gate, up, down
     qkv: Linear | None  # q/k/v in one call (outputs side by side), where that is exact
     gate_up: Linear | None
+    norm1: "Norm"  # input_layernorm and post_attention_layernorm as norm_fn closures
+    norm2: "Norm"
+    q_norm_fn: "Norm | None"  # qwen3's per-head q/k norms as norm_fn closures
+    k_norm_fn: "Norm | None"
 
     @classmethod
-    def of(cls, layer: nn.Module) -> "_Block":
+    def of(cls, layer: nn.Module, exact: bool = True) -> "_Block":
         a, m = layer.self_attn, layer.mlp
         mods = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
         return cls(layer.input_layernorm, layer.post_attention_layernorm, *(linear_fn(x) for x in mods),
                    getattr(a, "q_norm", None), getattr(a, "k_norm", None), mods,
-                   _packed_siblings(list(mods[:3])), _packed_siblings(list(mods[4:6])))
+                   _packed_siblings(list(mods[:3])), _packed_siblings(list(mods[4:6])),
+                   norm_fn(layer.input_layernorm, exact), norm_fn(layer.post_attention_layernorm, exact),
+                   *(norm_fn(n, exact) if n is not None else None
+                     for n in (getattr(a, "q_norm", None), getattr(a, "k_norm", None))))
 
 
 def lean_decoder(model: nn.Module, num_layers: int | None = None, exact: bool = True,
@@ -162,8 +199,9 @@ class LeanDecoder:
         self.config = cfg
         self.embed = inner.embed_tokens
         self.layers = list(inner.layers)[:num_layers]
-        self.blocks = [_Block.of(layer) for layer in self.layers]
+        self.blocks = [_Block.of(layer, exact) for layer in self.layers]
         self.norm = inner.norm
+        self.final_norm = norm_fn(inner.norm, exact)
         self.rotary = inner.rotary_emb
         self.head = model.get_output_embeddings()
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -181,6 +219,8 @@ class LeanDecoder:
         # the CPU attention kernel: for the exact target only when the model's own forward
         # runs it too (hf_attention), for drafts wherever it runs
         self.cpu_attention = uses_cpu_attention(model) if exact else cpu_attention.available()
+        # the rotary kernel rounds exactly as HF's ops: usable by the exact forward too
+        self.cpu_rope = cpu_norm_rope.available()
         self.hidden = cfg.hidden_size
         self.fused = [_Fused.of(blk) for blk in self.blocks] if fuse else None
         # exact=False: cos/sin per position, computed by the model's own rotary module once
@@ -229,41 +269,55 @@ class LeanDecoder:
         if not self.exact:
             return self._forward_fast(input_ids, position_ids, attention_mask, cache, logits_to_keep, last_positions)
         B, q = input_ids.shape
-        D = self.head_dim
+        D, H, Hkv = self.head_dim, self.n_heads, self.n_kv
         h = F.embedding(input_ids, self.embed.weight)
-        cos, sin = self.rotary(h, position_ids)
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, q, D]: broadcast over heads
+        cos3, sin3 = self.rotary(h, position_ids)  # [B, q, D]
+        cos, sin = cos3[:, None], sin3[:, None]  # [B, 1, q, D]: broadcast over heads
+        fused_rope = self.cpu_rope and cos3.dtype == torch.float32 and h.device.type == "cpu"
         mask = None
+        pending = None  # the last sub-layer's output, added to h by the next norm (fused)
         for i, blk in enumerate(self.blocks):
+            if pending is None:
+                x = blk.norm1(h)
+            else:
+                h, x = blk.norm1(h, pending)
             if i in self.record:
                 self.states[i] = h
-            x = _rms(blk.ln1, h)
             if blk.qkv is not None:  # one packed call, the same numbers as three
-                qs, ks, vs = blk.qkv(x).view(B, q, -1, D).split([self.n_heads, self.n_kv, self.n_kv], dim=2)
+                qkv = blk.qkv(x).view(B, q, H + 2 * Hkv, D)
+                qs, ks, vs = qkv.split([H, Hkv, Hkv], dim=2)
                 vs = vs.transpose(1, 2)
             else:
+                qkv = None
                 qs = blk.q(x).view(B, q, -1, D)
                 ks = blk.k(x).view(B, q, -1, D)
                 vs = blk.v(x).view(B, q, -1, D).transpose(1, 2)
             if blk.q_norm is not None:  # qwen3: RMSNorm over each head's vector
-                qs, ks = _rms(blk.q_norm, qs), _rms(blk.k_norm, ks)
-            qs = _rotate(qs.transpose(1, 2), cos, sin)
-            ks = _rotate(ks.transpose(1, 2), cos, sin)
+                qs, ks = blk.q_norm_fn(qs), blk.k_norm_fn(ks)
+                qkv = None
+            if fused_rope and qkv is not None:  # q and k heads rotated in one call, rounded as HF's ops
+                qk = cpu_norm_rope.rotary(qkv[:, :, : H + Hkv].transpose(1, 2), cos3, sin3)  # [B, H+Hkv, q, D]
+                qs, ks = qk[:, :H], qk[:, H:]
+            elif fused_rope:
+                qs = cpu_norm_rope.rotary(qs.transpose(1, 2), cos3, sin3)
+                ks = cpu_norm_rope.rotary(ks.transpose(1, 2), cos3, sin3)
+            else:
+                qs = _rotate(qs.transpose(1, 2), cos, sin)
+                ks = _rotate(ks.transpose(1, 2), cos, sin)
             keys, values = cache.update(ks, vs, i)  # [B, H_kv, cols, D], the new columns last
             if mask is None and (attention_mask is not None or q > 1):
                 mask = _mask(attention_mask, B, q, keys.shape[2], h.device)
             o = self._attend(qs, keys, values, mask)  # [B, q, H, D]
-            h = h + blk.o(o.reshape(B, q, -1))
-            x = _rms(blk.ln2, h)
+            h, x = blk.norm2(h, blk.o(o.reshape(B, q, -1)))
             if blk.gate_up is not None:
                 gate, up = blk.gate_up(x).chunk(2, dim=-1)
             else:
                 gate, up = blk.gate(x), blk.up(x)
-            h = h + blk.down(F.silu(gate) * up)
-        h = _rms(self.norm, h)
+            pending = blk.down(F.silu(gate) * up)
+        h, normed = self.final_norm(h, pending)
         if len(self.layers) in self.record:
-            self.states[len(self.layers)] = h
-        return self._logits(h, logits_to_keep, last_positions)
+            self.states[len(self.layers)] = normed
+        return self._logits(normed, logits_to_keep, last_positions)
 
     __call__ = forward
 
@@ -289,11 +343,16 @@ class LeanDecoder:
         # positions never exceed the cached columns plus the new ones (a Python int: no device sync)
         bound = cache.get_seq_length() + q if cache is not None else None
         cos, sin = self._cos_sin(h, position_ids, bound)  # [B, 1, q, D]
+        fused_rope = self.cpu_rope and cos.dtype == torch.float32 and h.device.type == "cpu"
         mask = None
+        pending = None  # the last sub-layer's output, added to h by the next norm (fused)
         for i, blk in enumerate(self.blocks):
+            if pending is None:
+                x = blk.norm1(h)
+            else:
+                h, x = blk.norm1(h, pending)
             if i in self.record:
                 self.states[i] = h
-            x = F.rms_norm(h, (self.hidden,), blk.ln1.weight, _eps(blk.ln1))
             qkv_fn = blk.qkv or (self.fused[i].qkv if self.fused is not None else None)
             if qkv_fn is not None:
                 qkv = qkv_fn(x).view(B, q, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, q, D]
@@ -303,26 +362,27 @@ class LeanDecoder:
                 qk = qk.transpose(1, 2)
                 vs = blk.v(x).view(B, q, Hkv, D).transpose(1, 2)
             if blk.q_norm is not None:  # qwen3: per-head norms, different for q and k
-                qk = torch.cat([F.rms_norm(qk[:, :H], (D,), blk.q_norm.weight, _eps(blk.q_norm)),
-                                F.rms_norm(qk[:, H:], (D,), blk.k_norm.weight, _eps(blk.k_norm))], dim=1)
-            qk = _rotate(qk, cos, sin)  # q and k heads in one go
+                qk = torch.cat([blk.q_norm_fn(qk[:, :H]), blk.k_norm_fn(qk[:, H:])], dim=1)
+            if fused_rope:  # q and k heads in one go
+                qk = cpu_norm_rope.rotary(qk, cos[:, 0], sin[:, 0])
+            else:
+                qk = _rotate(qk, cos, sin)
             qs, ks = qk[:, :H], qk[:, H:]
             keys, values = cache.update(ks, vs, i)
             if mask is None and (attention_mask is not None or q > 1):
                 mask = _mask(attention_mask, B, q, keys.shape[2], h.device)
             o = self._attend(qs, keys, values, mask)  # [B, q, H, D]
-            h = h + blk.o(o.reshape(B, q, -1))
-            x = F.rms_norm(h, (self.hidden,), blk.ln2.weight, _eps(blk.ln2))
+            h, x = blk.norm2(h, blk.o(o.reshape(B, q, -1)))
             gate_up_fn = blk.gate_up or (self.fused[i].gate_up if self.fused is not None else None)
             if gate_up_fn is not None:
                 gate, up = gate_up_fn(x).chunk(2, dim=-1)
             else:
                 gate, up = blk.gate(x), blk.up(x)
-            h = h + blk.down(F.silu(gate) * up)
-        h = F.rms_norm(h, (self.hidden,), self.norm.weight, _eps(self.norm))
+            pending = blk.down(F.silu(gate) * up)
+        h, normed = self.final_norm(h, pending)
         if len(self.layers) in self.record:
-            self.states[len(self.layers)] = h
-        return self._logits(h, logits_to_keep, last_positions)
+            self.states[len(self.layers)] = normed
+        return self._logits(normed, logits_to_keep, last_positions)
 
     def _cos_sin(self, h: torch.Tensor, position_ids: torch.Tensor, bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[B, 1, q, D]`` for ``position_ids [B, q]``, from the table (grown by

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 
 import torch
 
+from .cpu_norm import use_cpu_norms
 from .engine import BoundStrategy, Engine
 from .errors import LightSpecError
 from .hf_attention import use_cpu_attention
@@ -116,6 +117,7 @@ def load_model(path, device: torch.device, dtype: torch.dtype, progress: bool = 
     model = model.to(device).eval()
     if cpu_layout and device.type == "cpu" and dtype == torch.float32:
         use_cpu_layout(model)
+        use_cpu_norms(model)
         use_cpu_attention(model)
     return model
 

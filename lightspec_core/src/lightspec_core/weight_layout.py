@@ -55,8 +55,15 @@ def use_cpu_layout(model: nn.Module, packed: bool | None = None) -> int:
     row look-ups read a strided view: a few tokens per step).  Meant for CPU inference: a
     GPU's BLAS takes either layout at full speed, so there it is left alone.
 
-    ``packed``: also turn every ``nn.Linear`` into a ``PackedLinear`` (``None``: when
-    ``lightspec_kernels.cpu_linear`` is available here)."""
+    ``packed``: instead, turn every ``nn.Linear`` into a ``PackedLinear`` (``None``: when
+    ``lightspec_kernels.cpu_linear`` is available here).  The weights then keep their
+    storage (the kernel reads its packed copy), so an embedding tied to the lm_head keeps
+    its contiguous rows (a strided row look-up cost 17 us per step); returns how many
+    were turned."""
+    if packed is None:
+        packed = cpu_linear.available()
+    if packed:
+        return use_packed_linears(model)
     new: dict[int, nn.Parameter] = {}
     for module in model.modules():
         if isinstance(module, nn.Linear) and id(module.weight) not in new:
@@ -67,10 +74,6 @@ def use_cpu_layout(model: nn.Module, packed: bool | None = None) -> int:
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)) and id(module.weight) in new:
             module.weight = new[id(module.weight)]
-    if packed is None:
-        packed = cpu_linear.available()
-    if packed:
-        use_packed_linears(model)
     return len(new)
 
 
