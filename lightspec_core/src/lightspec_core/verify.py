@@ -29,6 +29,8 @@ class StandardVerifier:
 
 def verify_chain(ctx: StepContext, proposal: DraftProposal, logits: torch.Tensor) -> VerifyResult:
     """``logits [B, K+1, V]`` → VerifyResult."""
+    if ctx.sampling.greedy and logits.device.type == "cpu":
+        return greedy_cpu(proposal.tokens, proposal.lengths, logits)
     if ctx.sampling.greedy:
         if logits.is_cuda and logits.dtype != torch.float32:
             # Measured on an H200: the compiled greedy Triton path accepted no draft at all with
@@ -42,6 +44,26 @@ def verify_chain(ctx: StepContext, proposal: DraftProposal, logits: torch.Tensor
     uniforms, exps = random_inputs(ctx.generators, K, p.shape[-1], p.device)
     accepted, emitted = chain_verify(proposal.tokens, proposal.lengths, p, proposal.probs, uniforms, exps)
     return VerifyResult(accepted, emitted)
+
+
+def greedy_cpu(tokens: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor) -> VerifyResult:
+    """Greedy chain verification on the CPU: ``chain_verify``'s greedy semantics (keep
+    drafts while they equal the target's argmax, then the target's token) in one argmax
+    and a few list operations.  The reference's ten tensor ops cost ~0.1 ms a step, 3% of
+    the zoo target's step with the CPU kernels.  ``tokens [B, K]``, ``lengths [B]``,
+    ``logits [B, K+1, V]``."""
+    B, K = tokens.shape
+    target = logits.argmax(dim=-1).tolist()  # [B][K+1]; first maximum, as torch.argmax
+    accepted, emitted = [], []
+    for t, d, n in zip(target, tokens.tolist(), lengths.tolist()):
+        a = 0
+        while a < n and d[a] == t[a]:
+            a += 1
+        accepted.append(a)
+        emitted.append(d[:a] + [t[a]] + [-1] * (K - a))
+    dev = tokens.device
+    return VerifyResult(torch.tensor(accepted, dtype=torch.long, device=dev),
+                        torch.tensor(emitted, dtype=torch.long, device=dev).view(B, K + 1))
 
 
 def random_inputs(generators: list[torch.Generator], k: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:

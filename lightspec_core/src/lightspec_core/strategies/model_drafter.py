@@ -182,8 +182,7 @@ class ModelDrafter:
         active = limit_t > 0
         min_conf = ctx.min_confidence
         for j in range(k_max):
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            p = logp.exp()
+            p = torch.softmax(logits.float(), dim=-1)  # [B, V]
             peak, arg = p.max(dim=-1)
             if sampling.greedy:
                 tok = arg
@@ -194,7 +193,7 @@ class ModelDrafter:
                 probs[:, j] = q
             tokens[:, j] = tok
             conf[:, j] = peak
-            ent[:, j] = -(p * logp).nan_to_num().sum(-1)
+            ent[:, j] = torch.special.entr(p).sum(-1)  # -sum p log p, 0 log 0 = 0
             # a row keeps this token if it is still drafting; it goes on while confident
             lengths += active.long()
             active = active & (lengths < limit_t) & (peak >= min_conf)

@@ -119,12 +119,9 @@ class NgramDrafter:
         k = max(len(d) for d in drafts)
         if k == 0:
             return None
-        tokens = torch.zeros(B, k, dtype=torch.long)
-        for b, d in enumerate(drafts):
-            if d:
-                tokens[b, : len(d)] = torch.tensor(d)
-        lengths = torch.tensor([len(d) for d in drafts])
-        return DraftProposal(tokens=tokens.to(ctx.device), lengths=lengths.to(ctx.device), source=self.name)
+        tokens = torch.tensor([d + [0] * (k - len(d)) for d in drafts], dtype=torch.long, device=ctx.device)
+        lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=ctx.device)
+        return DraftProposal(tokens=tokens, lengths=lengths, source=self.name)
 
     @hookimpl
     def lightspec_on_stats(self, event) -> None:
