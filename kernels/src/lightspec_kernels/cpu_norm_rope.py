@@ -111,27 +111,31 @@ def rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [B, N, Q, D]`` (any strides), ``cos, sin [B, Q, D]`` → ``[B, N, Q, D]``, as
+    """``x [B, N, Q, D]`` (any strides), ``cos, sin [B or 1, Q, D]`` → ``[B, N, Q, D]``, as
     ``rotary_ref`` bit for bit."""
+    lib = _lib if _configured else _library()
+    if (lib is not None and x.dim() == 4 and x.dtype is _F32 and cos.dtype is _F32 and sin.dtype is _F32
+            and x.device.type == "cpu" and cos.device.type == "cpu" and sin.device.type == "cpu"
+            and cos.dim() == 3 and cos.shape == sin.shape and os.environ.get("LIGHTSPEC_KERNELS") != "torch"):
+        B, N, Q, D = x.shape
+        if cos.shape[1] == Q and cos.shape[2] == D and cos.shape[0] in (1, B) and not D % 2:
+            if x.stride(3) != 1:
+                x = x.contiguous()
+            if cos.stride(2) != 1 or sin.stride() != cos.stride():
+                cos, sin = cos.contiguous(), sin.contiguous()
+            out = torch.empty(B, N, Q, D, dtype=_F32)
+            if B and N and Q:
+                xs, cs = x.stride(), cos.stride()
+                lib.ls_rotary(x.data_ptr(), B, N, Q, D, xs[0], xs[1], xs[2], cos.data_ptr(), sin.data_ptr(),
+                              cs[0] if cos.shape[0] == B else 0, cs[1], out.data_ptr())
+            return out
     if x.dim() != 4 or cos.dim() != 3 or cos.shape != sin.shape:
         raise ValueError(f"rotary needs x [B, N, Q, D] and cos, sin [B, Q, D]; got {tuple(x.shape)}, "
                          f"{tuple(cos.shape)}, {tuple(sin.shape)}")
     B, N, Q, D = x.shape
     if cos.shape[1:] != (Q, D) or cos.shape[0] not in (1, B) or D % 2:
         raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not fit x of shape {tuple(x.shape)} (D even)")
-    if not _use_kernel(x, cos, sin):
-        return rotary_ref(x, cos, sin)
-    cos, sin = cos.expand(B, Q, D), sin.expand(B, Q, D)
-    if x.stride(3) != 1:
-        x = x.contiguous()
-    if cos.stride(2) != 1 or sin.stride() != cos.stride():
-        cos, sin = cos.contiguous(), sin.contiguous()
-    out = torch.empty(B, N, Q, D, dtype=_F32)
-    if out.numel():
-        xs, cs = x.stride(), cos.stride()
-        _lib.ls_rotary(x.data_ptr(), B, N, Q, D, xs[0], xs[1], xs[2], cos.data_ptr(), sin.data_ptr(), cs[0], cs[1],
-                       out.data_ptr())
-    return out
+    return rotary_ref(x, cos, sin)
 
 
 def bind_rms_norm(weight: torch.Tensor, eps: float):
