@@ -121,6 +121,9 @@ def test_cli_bench_compares_with_hf_on_the_same_prompts(capsys, model_dir, tmp_p
     assert report["interleave"] == "step"  # the default: methods in lockstep
     md = out_md.read_text()
     assert "hf_vanilla" in md and "the methods in lockstep" in md
+    machine = report["machine"]  # the CPU and whether LightSpec's CPU kernels ran are recorded
+    assert machine["cpu"] and machine["cpu_kernels"].split()[0] in ("on", "off")
+    assert f"LightSpec CPU kernels {machine['cpu_kernels']}" in md
 
 
 def test_cli_bench_batch_repeat_repeats_batched_runs_only(capsys, model_dir, tmp_path):

@@ -585,4 +585,26 @@ def machine_info(dev: torch.device) -> dict:
             "platform": platform.platform(), "cpu_count": os.cpu_count(), "threads": torch.get_num_threads()}
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)
+    else:
+        info["cpu"] = cpu_model_name()
+        info["cpu_kernels"] = cpu_kernels_info()
     return info
+
+
+def cpu_model_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cpu_kernels_info() -> str:
+    """Whether LightSpec's CPU kernels run here: their instruction set, or why not."""
+    from lightspec_kernels import cpu_linear
+
+    return f"on ({cpu_linear.isa()})" if cpu_linear.available() else f"off ({cpu_linear.reason()})"

@@ -16,7 +16,8 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
     lines += [
         f"- command: `{report.get('command_line', report['command'])}`",
         f"- model: `{report['model']}`" + (f", draft: `{report['draft_model']}`" if report.get("draft_model") else ""),
-        f"- device: {report['device']} ({m.get('gpu') or m['platform']}, {m['threads']} threads), dtype {report['dtype']}",
+        f"- device: {report['device']} ({m.get('gpu') or m['platform']}, {m['threads']} threads), dtype {report['dtype']}"
+        + (f"; CPU {m['cpu']}, LightSpec CPU kernels {m['cpu_kernels']}" if m.get("cpu") else ""),
         f"- python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         f"- max new tokens {report['max_new_tokens']}; every batch run {report.get('repeat', 1)}× "
         + ("(the methods in lockstep: one decoding step of each in turn, each timed on its own)"
