@@ -191,3 +191,16 @@ def test_the_source_compiles_for_avx2_as_well(tmp_path):
     y = torch.full((5, 50), float("nan"))
     lib.ls_linear_f16(x.data_ptr(), 5, 40, 40, packed.data.data_ptr(), 50, None, y.data_ptr(), 50, 1)
     assert torch.equal(y, cpu_linear.packed_linear(x, packed))
+
+
+def test_every_cpu_kernel_builds_where_it_can():
+    """Where a C compiler and AVX2 exist (CI here), a kernel that fails to compile must fail
+    the suite: otherwise every test of it would only be skipped."""
+    import platform
+
+    from lightspec_kernels import cpu_attention, cpu_norm_rope
+
+    if platform.machine() != "x86_64" or _cpu_build.compiler() is None or " avx2" not in _cpu_build.cpu_flags():
+        pytest.skip("no x86-64 CPU with AVX2 and a C compiler here")
+    for module in (cpu_linear, cpu_attention, cpu_norm_rope):
+        assert module.available(), module.reason()

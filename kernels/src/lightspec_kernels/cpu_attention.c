@@ -22,18 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_common.h"
 #include "cpu_parallel.h"
 
-typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t i16v __attribute__((vector_size(64)));
-
-static inline v16 splat(float f) { return (v16){f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f}; }
-
-static inline v16 load16(const float *p) {
-  v16 v;
-  memcpy(&v, p, 64);
-  return v;
-}
 
 /* exp(x) for x <= 0 (scores minus their maximum): Cephes' expf polynomial after
  * x = n ln2 + r; below -87 (and -inf, a masked column) it is exactly 0. */
@@ -202,15 +194,4 @@ int ls_attention(const float *q, int64_t B, int64_t H, int64_t Q, int64_t D, int
   if ((double)B * H * Q * C * D < 3e7) threads = 1;
   ls_parallel(attend_items, &a, B * H, threads);
   return a.failed ? -1 : 0;
-}
-
-/* 2: AVX-512F, 1: AVX2 + F16C + FMA (what this file was compiled for). */
-int ls_isa(void) {
-#if defined(__AVX512F__)
-  return 2;
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-  return 1;
-#else
-  return 0;
-#endif
 }

@@ -21,15 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_common.h"
 #include "cpu_parallel.h"
-
-typedef float v16 __attribute__((vector_size(64)));
-
-static inline v16 load_f32(const float *p) {
-  v16 v;
-  memcpy(&v, p, 64);
-  return v;
-}
 
 static inline v16 load_f16(const uint16_t *p) {
 #if defined(__AVX512F__)
@@ -43,8 +36,6 @@ static inline v16 load_f16(const uint16_t *p) {
   return v;
 #endif
 }
-
-static inline v16 splat(float f) { return (v16){f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f}; }
 
 /* Store 16 outputs, only the first `n` of them when the block is the last, partial one. */
 static inline void store(float *y, v16 v, int64_t n) {
@@ -77,7 +68,7 @@ static inline void store(float *y, v16 v, int64_t n) {
       if (bias) {                                                                            \
         float tmp[16] = {0};                                                                 \
         memcpy(tmp, bias + col, (size_t)(N - col < 16 ? N - col : 16) * 4);                  \
-        b = load_f32(tmp);                                                                   \
+        b = load16(tmp);                                                                   \
       }                                                                                      \
       for (int i = 0; i < MT; i++) store(y + i * ldy + col, bias ? acc[i][j] + b : acc[i][j], N - col); \
     }                                                                                        \
@@ -103,7 +94,7 @@ static inline void store(float *y, v16 v, int64_t n) {
   TILE(t8_1_##SFX, WT, LOAD, 8, 1)
 
 TILES(f16, uint16_t, load_f16)
-TILES(f32, float, load_f32)
+TILES(f32, float, load16)
 
 /* Column blocks are the outer loop, rows the inner one: a strip of 12 column blocks of W
  * (12 x K x 16 values, 384 KB for K = 1024 in float16) is read from memory once and then reused from the
@@ -127,6 +118,14 @@ TILES(f32, float, load_f32)
     float *y = a->y;                                                                                    \
     int64_t M = a->M, K = a->K, ldx = a->ldx, N = a->N, ldy = a->ldy;                                   \
     int64_t NB = (N + 15) / 16;                                                                         \
+    /* per row-tile height: the widest tile (and its width in blocks), and the one-block tile */     \
+    typedef void (*tile)(const float *, int64_t, int64_t, const WT *, const float *, float *, int64_t,  \
+                         int64_t, int64_t);                                                             \
+    static const tile wide[9] = {0, t1_4_##SFX, t2_4_##SFX, t3_4_##SFX, t4_4_##SFX, 0, t6_2_##SFX, 0,  \
+                                 t8_3_##SFX};                                                           \
+    static const int wide_nt[9] = {0, 4, 4, 4, 4, 0, 2, 0, 3};                                          \
+    static const tile narrow[9] = {0, t1_1_##SFX, t2_1_##SFX, t3_1_##SFX, t4_1_##SFX, 0, t6_1_##SFX, 0, \
+                                   t8_1_##SFX};                                                         \
     for (int64_t nb = s0 * STRIP; nb < NB && nb < s1 * STRIP; nb += STRIP) {                            \
       int64_t last = nb + STRIP < NB ? nb + STRIP : NB;                                                 \
       for (int64_t m = 0; m < M;) {                                                                     \
@@ -134,28 +133,9 @@ TILES(f32, float, load_f32)
         const float *xm = x + m * ldx;                                                                  \
         float *ym = y + m * ldy;                                                                        \
         int mt = r >= 8 ? 8 : r >= 6 ? 6 : r >= 4 ? 4 : r >= 3 ? 3 : r >= 2 ? 2 : 1;                    \
-        int nt = mt == 1 ? 4 : mt <= 4 ? 4 : mt == 8 ? 3 : 2;                                           \
         int64_t b = nb;                                                                                 \
-        for (; b + nt <= last; b += nt) {                                                               \
-          switch (mt) {                                                                                 \
-            case 8: t8_3_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            case 6: t6_2_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            case 4: t4_4_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            case 3: t3_4_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            case 2: t2_4_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            default: t1_4_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                             \
-          }                                                                                             \
-        }                                                                                               \
-        for (; b < last; b++) {                                                                         \
-          switch (mt) {                                                                                 \
-            case 8: t8_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            case 6: t6_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            case 4: t4_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            case 3: t3_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            case 2: t2_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                              \
-            default: t1_1_##SFX(xm, ldx, K, w, bias, ym, ldy, b, N); break;                             \
-          }                                                                                             \
-        }                                                                                               \
+        for (; b + wide_nt[mt] <= last; b += wide_nt[mt]) wide[mt](xm, ldx, K, w, bias, ym, ldy, b, N);  \
+        for (; b < last; b++) narrow[mt](xm, ldx, K, w, bias, ym, ldy, b, N);                           \
         m += mt;                                                                                        \
       }                                                                                                 \
     }                                                                                                   \
@@ -172,13 +152,3 @@ TILES(f32, float, load_f32)
 DRIVER(f16, uint16_t)
 DRIVER(f32, float)
 
-/* 2: AVX-512F, 1: AVX2 + F16C + FMA (what this file was compiled for). */
-int ls_isa(void) {
-#if defined(__AVX512F__)
-  return 2;
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-  return 1;
-#else
-  return 0;
-#endif
-}

@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_common.h"
+
 /* x, r, sum, y: [rows, H] with row strides; w: [H].  r and sum may be NULL. */
 void ls_rms_norm(const float *x, int64_t ldx, const float *r, int64_t ldr, float *sum, int64_t lds, int64_t rows,
                  int64_t H, const float *w, float eps, float *y, int64_t ldy) {
@@ -70,15 +72,4 @@ void ls_rotary(const float *x, int64_t B, int64_t N, int64_t Q, int64_t D, int64
           o[d] = a + e;
         }
       }
-}
-
-/* 2: AVX-512F, 1: AVX2 + F16C + FMA (what this file was compiled for). */
-int ls_isa(void) {
-#if defined(__AVX512F__)
-  return 2;
-#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-  return 1;
-#else
-  return 0;
-#endif
 }

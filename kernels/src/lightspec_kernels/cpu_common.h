@@ -1,0 +1,27 @@
+/* What every CPU kernel file shares: the 16-float vector type (GCC vector extension: one
+ * zmm register with AVX-512, two ymm registers with AVX2) and the instruction-set report
+ * that lightspec_kernels._cpu_build checks after loading a library. */
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 splat(float f) { return (v16){f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f}; }
+
+static inline v16 load16(const float *p) {
+  v16 v;
+  memcpy(&v, p, 64);
+  return v;
+}
+
+/* 2: AVX-512F, 1: AVX2 + F16C + FMA, 0: neither (what the including file was compiled for). */
+int ls_isa(void) {
+#if defined(__AVX512F__)
+  return 2;
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+  return 1;
+#else
+  return 0;
+#endif
+}
