@@ -14,6 +14,14 @@ only change which tokens are proposed; for the target it could change what is em
 hence the check.  (Measured the same way, the zoo's 15.5M-parameter target: 6.6 ms
 through HF, 5.3 ms here, identical logits.)
 
+On a model with LightSpec's CPU kernels installed (``PackedLinear``, ``KernelRMSNorm``,
+the ``"lightspec_cpu"`` attention: ``load_model``'s default on the CPU in float32), the lean
+forward calls the same kernels the model's modules call, with fewer calls: q/k/v and
+gate/up as one packed call each (each output column is computed on its own, so the numbers
+are the separate calls'), the residual add fused into the next norm, and q and k rotated
+in one call that rounds exactly as HF's elementwise ops.  The zoo target's step then takes
+3.0-3.3 ms instead of 7.0 (one token over 400 cached, 1 thread, the 2-core VM).
+
 Supported: ``llama``, ``mistral``, ``qwen2`` and ``qwen3`` without sliding-window
 attention (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention, optional q/k
 biases, qwen3's q/k norms).  ``lean_decoder(model)`` returns ``None`` for anything else
@@ -126,8 +134,6 @@ class _Block:
     """One decoder block's tensors, read once: attribute access through ``nn.Module``
     costs more than the arithmetic of a small model's step (measured: 8-11% of a forward)."""
 
-    ln1: nn.Module
-    ln2: nn.Module
     q: Linear  # each projection as a plain function (linear_fn)
     k: Linear
     v: Linear
@@ -149,7 +155,7 @@ class _Block:
     def of(cls, layer: nn.Module, exact: bool = True) -> "_Block":
         a, m = layer.self_attn, layer.mlp
         mods = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-        return cls(layer.input_layernorm, layer.post_attention_layernorm, *(linear_fn(x) for x in mods),
+        return cls(*(linear_fn(x) for x in mods),
                    getattr(a, "q_norm", None), getattr(a, "k_norm", None), mods,
                    _packed_siblings(list(mods[:3])), _packed_siblings(list(mods[4:6])),
                    norm_fn(layer.input_layernorm, exact), norm_fn(layer.post_attention_layernorm, exact),
