@@ -87,3 +87,12 @@ def test_other_implementations_are_left_alone():
     model.set_attn_implementation("eager")
     assert not use_cpu_attention(model)
     assert model.config._attn_implementation == "eager" != NAME
+
+
+def test_forcing_torch_keeps_sdpa_and_the_lean_target_exact(monkeypatch):
+    monkeypatch.setenv("LIGHTSPEC_KERNELS", "torch")
+    model = build_model("llama")
+    assert not use_cpu_attention(model) and model.config._attn_implementation == "sdpa"
+    use_cpu_layout(model)
+    lean = exact_lean_target(model)
+    assert lean is not None and not lean.cpu_attention

@@ -19,6 +19,8 @@ import torch
 from lightspec_kernels import cpu_norm_rope
 from torch import nn
 
+_F32 = torch.float32
+
 
 class KernelRMSNorm(nn.Module):
     """An RMSNorm whose float32 CPU forward (without autograd) runs the fused kernel; any
@@ -35,12 +37,10 @@ class KernelRMSNorm(nn.Module):
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, kernel (was {self.original_class})"
 
-    def kernel_input_ok(self, x: torch.Tensor) -> bool:
-        return (x.dtype == torch.float32 and x.device.type == "cpu" and self.weight.dtype == torch.float32
-                and not (torch.is_grad_enabled() and self.weight.requires_grad))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel_input_ok(x):
+        w = self.weight
+        if (x.dtype is _F32 and x.is_cpu and w.dtype is _F32 and w.is_cpu
+                and not (w.requires_grad and torch.is_grad_enabled())):
             return self.kernel(x)
         return self.original_forward(self, x)
 

@@ -16,11 +16,14 @@ sinks, position biases, attention weights requested) go to transformers' SDPA fu
 
 from __future__ import annotations
 
+import os
+
 import torch
 from lightspec_kernels import cpu_attention
 from torch import nn
 
 NAME = "lightspec_cpu"
+_F32 = torch.float32
 _registered = False
 
 
@@ -30,11 +33,12 @@ def lightspec_cpu_attention(module: nn.Module, query: torch.Tensor, key: torch.T
     """transformers' attention-function signature: ``query [B, H, q, D]``, ``key/value
     [B, H_kv, cols, D]``, SDPA's mask (bool/float ``[B, 1, q, cols]`` or ``None``) →
     ``([B, q, H, D], None)``."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    if (query.dtype != torch.float32 or query.device.type != "cpu" or dropout or kwargs.get("softcap") is not None
+    if (query.dtype is not _F32 or not query.is_cpu or dropout or kwargs.get("softcap") is not None
             or kwargs.get("s_aux") is not None or kwargs.get("position_bias") is not None
-            or kwargs.get("output_attentions") or not cpu_attention.available()):
+            or kwargs.get("output_attentions") or not cpu_attention.available()
+            or os.environ.get("LIGHTSPEC_KERNELS") == "torch"):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
@@ -43,7 +47,7 @@ def lightspec_cpu_attention(module: nn.Module, query: torch.Tensor, key: torch.T
         # what HF's SDPA path does here (a prefill into an empty static cache): causal from
         # the first column, keys beyond the queries dropped
         key, value = key[:, :, :q_len], value[:, :, :q_len]
-    out = cpu_attention.attention(query, key, value, attention_mask, scaling, causal=causal and attention_mask is None)
+    out = cpu_attention.attention_cpu(query, key, value, attention_mask, scaling, causal=causal and attention_mask is None)
     return out, None
 
 
@@ -64,7 +68,8 @@ def use_cpu_attention(model: nn.Module) -> bool:
     """Switch ``model`` from SDPA to ``"lightspec_cpu"`` when the kernel runs here; returns
     whether it did.  Models on another implementation (eager, flash, ...) keep it."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not cpu_attention.available():
+    if (config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not cpu_attention.available()
+            or os.environ.get("LIGHTSPEC_KERNELS") == "torch"):
         return False
     register()
     try:

@@ -53,6 +53,7 @@ the target verifies every token it proposes.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -224,7 +225,7 @@ class LeanDecoder:
         self.exact = exact
         # the CPU attention kernel: for the exact target only when the model's own forward
         # runs it too (hf_attention), for drafts wherever it runs
-        self.cpu_attention = uses_cpu_attention(model) if exact else cpu_attention.available()
+        self.cpu_attention = (uses_cpu_attention(model) if exact else cpu_attention.available()) and not _torch_forced()
         # the rotary kernel rounds exactly as HF's ops: usable by the exact forward too
         self.cpu_rope = cpu_norm_rope.available()
         self.hidden = cfg.hidden_size
@@ -493,6 +494,11 @@ class _Fused:
         qkv = None if blk.qkv is not None else cat(m[:3])
         gate_up = None if blk.gate_up is not None else cat(m[4:6])
         return cls(qkv, gate_up, tuple(made))
+
+
+def _torch_forced() -> bool:
+    """``LIGHTSPEC_KERNELS=torch``: PyTorch everywhere (the model's attention then runs SDPA too)."""
+    return os.environ.get("LIGHTSPEC_KERNELS") == "torch"
 
 
 def _eps(norm: nn.Module) -> float:
