@@ -155,3 +155,24 @@ def test_packed_drafter_fuses_and_restricts_the_vocabulary():
         part = kv.forward(ids).logits
     torch.testing.assert_close(part[..., keep], full[..., keep], rtol=1e-5, atol=1e-5)
     assert torch.isinf(part[..., 64:]).all()
+
+
+@needs_kernel
+def test_a_model_with_kernels_pickles_and_copies():
+    import copy
+    import io
+
+    from lightspec_core.cpu_norm import use_cpu_norms
+
+    model = build_model("llama")
+    use_cpu_layout(model)
+    use_cpu_norms(model)
+    ids = torch.tensor([make_prompts(2, seed=2)[1]])
+    with torch.no_grad():
+        ref = model(ids).logits
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        again = torch.load(buf, weights_only=False)
+        assert torch.equal(again(ids).logits, ref)
+        assert torch.equal(copy.deepcopy(model)(ids).logits, ref)

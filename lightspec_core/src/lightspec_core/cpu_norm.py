@@ -34,6 +34,15 @@ class KernelRMSNorm(nn.Module):
         self.original_class = type(norm).__name__
         self.kernel = cpu_norm_rope.bind_rms_norm(self.weight, eps)  # the same kernel as the lean forward's
 
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("kernel", None)  # a closure over raw pointers: rebuilt on load
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self.kernel = cpu_norm_rope.bind_rms_norm(self.weight, self.variance_epsilon)
+
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, kernel (was {self.original_class})"
 

@@ -103,6 +103,17 @@ class PackedLinear(nn.Linear):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, packed={str(self.packed.data.dtype).removeprefix('torch.')}"
 
+    def __getstate__(self):
+        # the bound kernel is a closure over raw pointers: pickle the weights, re-pack on load
+        state = self.__dict__.copy()
+        for key in ("packed", "_kernel", "_version"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._set(cpu_linear.pack(self.weight.detach()))
+
     def current(self) -> cpu_linear.PackedWeight:
         """The packed weight, re-packed first if ``weight`` changed since."""
         if _version(self.weight) != self._version:
