@@ -176,20 +176,7 @@ def packed_linear_cpu(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor 
     _check(x, packed, bias)
     if x.dtype != torch.float32 or x.device.type != "cpu":
         raise ValueError(f"x must be float32 on the CPU, got {x.dtype} on {x.device}")
-    k, n = packed.in_features, packed.out_features
-    x2 = x.reshape(-1, k)
-    if x2.stride(1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < k):
-        x2 = x2.contiguous()
-    m = x2.shape[0]
-    y = torch.empty(m, n, dtype=torch.float32)
-    if m:
-        b = None
-        if bias is not None:
-            b = bias if bias.dtype == torch.float32 and bias.is_contiguous() else bias.float().contiguous()
-        fn = lib.ls_linear_f16 if packed.data.dtype == torch.float16 else lib.ls_linear_f32
-        fn(x2.data_ptr(), m, k, x2.stride(0), packed.data.data_ptr(), n, None if b is None else b.data_ptr(),
-           y.data_ptr(), n, torch.get_num_threads())
-    return y.view(*x.shape[:-1], n)
+    return _kernel(lib, packed, bias)(x)
 
 
 def packed_linear(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -211,6 +198,11 @@ def bind(packed: PackedWeight, bias: torch.Tensor | None = None):
     lib = _library()
     if lib is None or os.environ.get("LIGHTSPEC_KERNELS") == "torch":
         return lambda x: packed_linear_ref(x, packed, bias)
+    return _kernel(lib, packed, bias)
+
+
+def _kernel(lib, packed: PackedWeight, bias: torch.Tensor | None):
+    """The compiled kernel as ``f(x)`` for ``packed`` (no dispatch, no argument checks)."""
     fn = lib.ls_linear_f16 if packed.data.dtype == torch.float16 else lib.ls_linear_f32
     k, n = packed.in_features, packed.out_features
     data = packed.data
