@@ -59,11 +59,12 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from lightspec_kernels import cpu_attention, cpu_linear, cpu_norm_rope
+from lightspec_kernels import cpu_attention, cpu_decoder, cpu_linear, cpu_norm_rope
 from torch import nn
 
 from .cpu_norm import KernelRMSNorm
 from .hf_attention import uses_cpu_attention
+from .kvcache import SlabCache
 from .weight_layout import PackedLinear, column_major, is_column_major
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # x [..., in] -> [..., out]
@@ -236,6 +237,9 @@ class LeanDecoder:
         self.rope_table = not exact and "dynamic" not in rope_type and "longrope" not in rope_type
         self.cos_table: torch.Tensor | None = None  # [N, D]
         self.sin_table: torch.Tensor | None = None
+        # steps over a filled cache: each block as one compiled call (cpu_decoder), when
+        # every piece of the block already runs LightSpec's CPU kernels
+        self.chained = _chained_decoder(self) if os.environ.get("LIGHTSPEC_CHAINED", "1") != "0" else None
 
     def restrict_vocab(self, token_ids: torch.Tensor | None) -> None:
         """Compute logits only for ``token_ids [n]`` (int64); every other logit is -inf.
@@ -273,6 +277,8 @@ class LeanDecoder:
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache=None, use_cache: bool = True, logits_to_keep: int = 0, last_positions: torch.Tensor | None = None,
                 **_ignored) -> LeanOutput:
+        if self.chained is not None and _cache_ready(cache, len(self.layers), input_ids.shape[0]):
+            return self._forward_chained(input_ids, position_ids, attention_mask, cache, logits_to_keep, last_positions)
         if not self.exact:
             return self._forward_fast(input_ids, position_ids, attention_mask, cache, logits_to_keep, last_positions)
         B, q = input_ids.shape
@@ -327,6 +333,43 @@ class LeanDecoder:
         return self._logits(normed, logits_to_keep, last_positions)
 
     __call__ = forward
+
+    def _forward_chained(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                         attention_mask: torch.Tensor | None, cache, logits_to_keep: int,
+                         last_positions: torch.Tensor | None) -> LeanOutput:
+        """The forward with each block as one ``cpu_decoder`` call: the same kernels on the
+        same values as the op-by-op forward (so the same logits, bit for bit), without its
+        ~25 Python-level calls per block.  The cache's slabs must exist (after a prefill)."""
+        B, q = input_ids.shape
+        layers = cache.layers[: len(self.layers)]
+        cols = layers[0].length
+        C = cols + q
+        if C > layers[0].capacity:
+            for layer in layers:
+                layer._grow(C)
+        h = F.embedding(input_ids, self.embed.weight)  # [B, q, Hd], a new tensor: updated in place
+        if self.exact:
+            cos, sin = self.rotary(h, position_ids)  # [B, q, D], as the op-by-op forward
+        else:
+            cos, sin = self._cos_sin(h, position_ids, C)
+            cos, sin = cos[:, 0], sin[:, 0]
+        cos, sin = cos.contiguous(), sin.contiguous()
+        mask = None
+        if attention_mask is not None:  # [B, q, C]: holes in the cache, causal among the new tokens
+            mask = _mask(attention_mask, B, q, C, h.device)[:, 0].contiguous()
+        dec, record = self.chained, self.record
+        act = None
+        for i, layer in enumerate(layers):
+            rec = None
+            if i in record:
+                rec = self.states[i] = torch.empty_like(h)
+            act = cpu_decoder.activation(dec.front(i, h, act, layer.k_slab, layer.v_slab, cols, cos, sin, mask, rec))
+        normed = dec.tail(h, act)
+        for layer in layers:
+            layer.set_length(C)
+        if len(self.layers) in record:
+            self.states[len(self.layers)] = normed
+        return self._logits(normed, logits_to_keep, last_positions)
 
     def _logits(self, h: torch.Tensor, logits_to_keep: int, last_positions: torch.Tensor | None = None) -> LeanOutput:
         """Final hidden states ``[B, q, H]`` → logits ``[B, q or logits_to_keep or 1, V]``."""
@@ -494,6 +537,55 @@ class _Fused:
         qkv = None if blk.qkv is not None else cat(m[:3])
         gate_up = None if blk.gate_up is not None else cat(m[4:6])
         return cls(qkv, gate_up, tuple(made))
+
+
+def _chained_decoder(lean: LeanDecoder) -> cpu_decoder.Decoder | None:
+    """``lean``'s blocks bound for ``cpu_decoder``, or ``None`` unless every piece of every
+    block already runs LightSpec's kernels (packed q/k/v and gate/up side by side, packed
+    o and down, kernel norms, the CPU attention and rotary kernels, no per-head q/k norms):
+    then the chained call computes exactly what the op-by-op forward computes."""
+    if _torch_forced() or not (lean.cpu_attention and lean.cpu_rope and cpu_decoder.available()):
+        return None
+    if not isinstance(lean.norm, KernelRMSNorm):
+        return None
+    weights = []
+    for layer, blk in zip(lean.layers, lean.blocks):
+        q, k, v, o, gate, up, down = blk.modules
+        if blk.q_norm is not None or blk.k_norm is not None or not all(isinstance(m, PackedLinear) for m in blk.modules):
+            return None
+        norms = (layer.input_layernorm, layer.post_attention_layernorm)
+        if not all(isinstance(n, KernelRMSNorm) for n in norms):
+            return None
+        qkv, gate_up = cpu_linear.adjacent([q.current(), k.current(), v.current()]), cpu_linear.adjacent([gate.current(), up.current()])
+        if qkv is None or gate_up is None:
+            return None
+
+        def bias(mods):
+            if all(m.bias is None for m in mods):
+                return None
+            return torch.cat([m.bias.detach() if m.bias is not None else m.weight.new_zeros(m.out_features) for m in mods])
+
+        weights.append(cpu_decoder.BlockWeights(
+            qkv=qkv, o=o.current(), gate_up=gate_up, down=down.current(),
+            norm1=norms[0].weight.detach(), norm2=norms[1].weight.detach(),
+            eps1=norms[0].variance_epsilon, eps2=norms[1].variance_epsilon,
+            qkv_bias=bias((q, k, v)), o_bias=None if o.bias is None else o.bias.detach(),
+            gate_up_bias=bias((gate, up)), down_bias=None if down.bias is None else down.bias.detach()))
+    try:
+        return cpu_decoder.Decoder(weights, lean.n_heads, lean.n_kv, lean.head_dim, lean.scale,
+                                   lean.norm.weight.detach(), lean.norm.variance_epsilon)
+    except (RuntimeError, ValueError):
+        return None
+
+
+def _cache_ready(cache, layers: int, batch: int) -> bool:
+    """Whether ``cache`` is a SlabCache whose first ``layers`` slabs exist for ``batch`` rows
+    (the chained forward writes into them; the first forward, a prefill, creates them)."""
+    if not isinstance(cache, SlabCache) or len(cache.layers) < layers:
+        return False
+    slabs = cache.layers
+    first = slabs[0]
+    return first.k_slab is not None and first.k_slab.shape[0] == batch and first.k_slab.dtype == torch.float32
 
 
 def _torch_forced() -> bool:

@@ -1,0 +1,127 @@
+/* A Llama-family decoder block for a few new tokens, as one call (x86-64 CPUs, float32).
+ *
+ * Why: with the products, the attention and the norms compiled (cpu_linear, cpu_attention,
+ * cpu_norm_rope), a small model's decode step is still half Python: the zoo target's step
+ * over 400 cached tokens took 3.4 ms at one thread, of which its products were 1.7 ms,
+ * the rest some 25 tensor operations and kernel calls per block at a few microseconds
+ * each.  Here one call runs everything of a block between two SwiGLU activations:
+ *
+ *   ls_block_front:  [h += down_prev(act)]  x = norm1(h)  qkv = x Wqkv  rotate q, k
+ *                    write k, v into the cache slabs  attention  h += o(attn)
+ *                    x = norm2(h)  gate_up = x Wgu
+ *   ls_block_tail:   h += down(act)  out = final_norm(h)
+ *
+ * and the caller computes act = silu(gate) * up in between with PyTorch's own operations
+ * (whose exp rounding this file does not reproduce).
+ *
+ * Numerics: it calls the very kernels the model's modules run (their entry points are
+ * passed in as function pointers, each compiled with its own flags), on the same values in
+ * the same order, so its results are those of the op-by-op forward bit for bit.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_common.h"
+
+typedef void (*linear_t)(const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
+                         const float *bias, float *y, int64_t ldy, int threads);
+typedef void (*norm_t)(const float *x, int64_t ldx, const float *r, int64_t ldr, float *sum, int64_t lds,
+                       int64_t rows, int64_t H, const float *w, float eps, float *y, int64_t ldy);
+typedef void (*rotary_t)(const float *x, int64_t B, int64_t N, int64_t Q, int64_t D, int64_t xsb, int64_t xsn,
+                         int64_t xsq, const float *cos_, const float *sin_, int64_t csb, int64_t csq, float *out);
+typedef int (*attention_t)(const float *q, int64_t B, int64_t H, int64_t Q, int64_t D, int64_t qsb, int64_t qsh,
+                           int64_t qsq, const float *k, const float *v, int64_t Hkv, int64_t C, int64_t ksb,
+                           int64_t ksh, int64_t ksc, int64_t vsb, int64_t vsh, int64_t vsc, const uint8_t *bmask,
+                           const float *fmask, int64_t msb, int64_t msh, int64_t msq, int64_t msc, int causal,
+                           float scale, float *out, int threads);
+
+/* One projection y = x W^T + b: its kernel entry (ls_linear_f16 or _f32) and packed weight. */
+typedef struct {
+  linear_t fn;
+  const void *w;
+  const float *bias; /* [n] or NULL */
+  int64_t n, k;
+} ls_proj;
+
+typedef struct {
+  ls_proj qkv, o, gate_up, down; /* qkv: q, k, v outputs side by side; gate_up likewise */
+  const float *norm1, *norm2;    /* RMSNorm weights [hidden] */
+  float eps1, eps2;
+} ls_block;
+
+typedef struct {
+  int64_t hidden, heads, kv_heads, head_dim, inter;
+  float scale;
+  norm_t norm;
+  rotary_t rotary;
+  attention_t attention;
+} ls_model;
+
+static inline void project(const ls_proj *p, const float *x, int64_t M, float *y, int threads) {
+  p->fn(x, M, p->k, p->k, p->w, p->n, p->bias, y, p->n, M > 8 ? threads : 1);
+}
+
+/* Floats of scratch ls_block_front needs for M = B * q rows. */
+int64_t ls_front_work(const ls_model *m, int64_t M) {
+  const int64_t H = m->heads, G = m->kv_heads, D = m->head_dim;
+  return M * (2 * m->hidden + (H + 2 * G) * D + (H + G) * D + H * D);
+}
+
+/* One block for B rows of q new tokens each (M = B q rows, row-major [B][q]).
+ *
+ * h [M, hidden]: the residual stream, updated in place.  act [M, inter] with down_prev:
+ * the previous block's activation, whose down projection is added to h first (NULL at
+ * block 0).  record [M, hidden] or NULL: receives h as this block's input.
+ * Cache: k_slab, v_slab [B, kv_heads, cap, head_dim]; columns [0, cols) hold the cache,
+ * the q new keys/values are written to columns [cols, cols + q) and attended to with it.
+ * cos, sin [B, q, head_dim]: the rotary tables at the new tokens' positions.
+ * mask [B, q, cols + q] (nonzero = visible) or NULL: causal over all columns.
+ * gate_up [M, 2 inter]: the output.  work: ls_front_work floats.  Returns 0, or the
+ * attention's error. */
+int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_prev, int64_t B, int64_t q,
+                   int64_t cols, int64_t cap, float *k_slab, float *v_slab, const float *cos_, const float *sin_,
+                   const uint8_t *mask, float *h, const float *act, float *record, float *work, float *gate_up,
+                   int threads) {
+  const int64_t M = B * q, Hd = m->hidden, H = m->heads, G = m->kv_heads, D = m->head_dim;
+  const int64_t W = (H + 2 * G) * D, C = cols + q;
+  float *x = work;             /* [M, hidden] normed input of a projection */
+  float *t = x + M * Hd;       /* [M, hidden] a projection's output */
+  float *qkv = t + M * Hd;     /* [B, q, H + 2G, D] */
+  float *qk = qkv + M * W;     /* [B, H + G, q, D] rotated queries and keys */
+  float *attn = qk + M * (H + G) * D; /* [B, q, H, D] */
+
+  if (act) {
+    project(down_prev, act, M, t, threads);
+    m->norm(h, Hd, t, Hd, h, Hd, M, Hd, blk->norm1, blk->eps1, x, Hd);
+  } else {
+    m->norm(h, Hd, NULL, 0, NULL, 0, M, Hd, blk->norm1, blk->eps1, x, Hd);
+  }
+  if (record) memcpy(record, h, (size_t)(M * Hd) * sizeof(float));
+  project(&blk->qkv, x, M, qkv, threads);
+  /* q and k heads of [B, q, H + 2G, D], viewed as [B, H + G, q, D] */
+  m->rotary(qkv, B, H + G, q, D, q * W, D, W, cos_, sin_, q * D, D, qk);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t i = 0; i < q; i++) {
+        float *kd = k_slab + ((b * G + g) * cap + cols + i) * D;
+        float *vd = v_slab + ((b * G + g) * cap + cols + i) * D;
+        memcpy(kd, qk + ((b * (H + G) + H + g) * q + i) * D, (size_t)D * sizeof(float));
+        memcpy(vd, qkv + (b * q + i) * W + (H + G + g) * D, (size_t)D * sizeof(float));
+      }
+  int rc = m->attention(qk, B, H, q, D, (H + G) * q * D, q * D, D, k_slab, v_slab, G, C, G * cap * D, cap * D, D,
+                        G * cap * D, cap * D, D, mask, NULL, q * C, 0, C, 1, 1, m->scale, attn, q > 16 ? threads : 1);
+  if (rc) return rc;
+  project(&blk->o, attn, M, t, threads);
+  m->norm(h, Hd, t, Hd, h, Hd, M, Hd, blk->norm2, blk->eps2, x, Hd);
+  project(&blk->gate_up, x, M, gate_up, threads);
+  return 0;
+}
+
+/* The last block's down projection, its residual add and the final norm:
+ * h += down(act); out = norm(h).  h, out [M, hidden]; work: M * hidden floats. */
+void ls_block_tail(const ls_model *m, const ls_proj *down, const float *norm_w, float eps, int64_t M, float *h,
+                   const float *act, float *work, float *out, int threads) {
+  const int64_t Hd = m->hidden;
+  project(down, act, M, work, threads);
+  m->norm(h, Hd, work, Hd, h, Hd, M, Hd, norm_w, eps, out, Hd);
+}

@@ -1,0 +1,251 @@
+"""A Llama-family decoder block for a few new tokens, in one call per block (CPU, float32).
+
+Why: with ``cpu_linear``, ``cpu_attention`` and ``cpu_norm_rope`` the arithmetic of a small
+model's decode step is compiled, but the step still issues ~25 tensor operations and
+kernel calls per block from Python, a few microseconds each: on the zoo target (7 blocks,
+1 thread) half of a 3.4 ms step.  ``cpu_decoder.c`` chains those calls in C:
+
+* ``front(i, h, act, ...)``: ``h += down_{i-1}(act)`` (when ``act`` is given), RMSNorm,
+  the q/k/v product, the rotary embedding of q and k, the new keys and values written
+  into the cache slabs, attention over the cache, ``h += o(attention)``, RMSNorm and the
+  gate/up product, returned as ``[B, q, 2 I]``;
+* ``tail(h, act)``: the last block's ``h += down(act)`` and the final norm.
+
+The caller computes the activation ``act = silu(gate) * up`` between two blocks with
+PyTorch's operations: the model's own forward does, and this file does not reproduce
+PyTorch's ``exp`` rounding.
+
+Numerics: the C code calls the same kernels (``ls_linear_*``, ``ls_attention``,
+``ls_rms_norm``, ``ls_rotary``) on the same values in the same order as the op-by-op
+forward that calls them from Python, so the results are equal bit for bit
+(``block_front_ref`` and ``block_tail_ref`` are that op-by-op forward, in PyTorch).
+
+Shapes: B rows of q new tokens, hidden size Hd, H query heads and G key/value heads of D,
+intermediate size I.  ``h [B, q, Hd]`` contiguous, updated in place.  Cache slabs
+``[B, G, cap, D]`` contiguous, whose first ``cols`` columns hold the cache.  ``cos, sin
+[B, q, D]``.  ``mask [B, q, cols + q]`` bool (True = visible) or ``None``: causal.
+
+Compiled on first use like the other CPU kernels (``_cpu_build``); ``available()`` is
+False wherever any of the four kernels it chains is unavailable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import _cpu_build, cpu_attention, cpu_linear, cpu_norm_rope
+from .cpu_linear import PackedWeight
+
+_SOURCE = Path(__file__).with_name("cpu_decoder.c")
+_F32 = torch.float32
+_lib: ctypes.CDLL | None = None
+_configured = False
+_i64, _ptr = ctypes.c_int64, ctypes.c_void_p
+
+
+class _Proj(ctypes.Structure):
+    _fields_ = [("fn", _ptr), ("w", _ptr), ("bias", _ptr), ("n", _i64), ("k", _i64)]
+
+
+class _Block(ctypes.Structure):
+    _fields_ = [("qkv", _Proj), ("o", _Proj), ("gate_up", _Proj), ("down", _Proj), ("norm1", _ptr),
+                ("norm2", _ptr), ("eps1", ctypes.c_float), ("eps2", ctypes.c_float)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("hidden", _i64), ("heads", _i64), ("kv_heads", _i64), ("head_dim", _i64), ("inter", _i64),
+                ("scale", ctypes.c_float), ("norm", _ptr), ("rotary", _ptr), ("attention", _ptr)]
+
+
+def _library() -> ctypes.CDLL | None:
+    global _lib, _configured
+    if _configured:
+        return _lib
+    lib, _ = _cpu_build.library(_SOURCE)
+    if lib is not None:
+        p = ctypes.POINTER
+        lib.ls_front_work.argtypes = [p(_Model), _i64]
+        lib.ls_front_work.restype = _i64
+        lib.ls_block_front.argtypes = [p(_Model), p(_Block), p(_Proj), _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr,
+                                       _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int]
+        lib.ls_block_front.restype = ctypes.c_int
+        lib.ls_block_tail.argtypes = [p(_Model), p(_Proj), _ptr, ctypes.c_float, _i64, _ptr, _ptr, _ptr, _ptr,
+                                      ctypes.c_int]
+        lib.ls_block_tail.restype = None
+    _lib, _configured = lib, True
+    return lib
+
+
+def available() -> bool:
+    """True when this kernel and the four it chains can run here."""
+    return reason() is None
+
+
+def reason() -> str | None:
+    """Why the kernel is not available (``None`` when it is)."""
+    for mod in (cpu_linear, cpu_attention, cpu_norm_rope):
+        why = mod.reason()
+        if why is not None:
+            return why
+    return _cpu_build.library(_SOURCE)[1]
+
+
+@dataclass(frozen=True)
+class BlockWeights:
+    """One block's weights: packed products (q/k/v and gate/up each side by side in one
+    weight: ``[(H + 2G) D, Hd]``, ``[2 I, Hd]``), optional biases, RMSNorm weights ``[Hd]``."""
+
+    qkv: PackedWeight
+    o: PackedWeight
+    gate_up: PackedWeight
+    down: PackedWeight
+    norm1: torch.Tensor
+    norm2: torch.Tensor
+    eps1: float
+    eps2: float
+    qkv_bias: torch.Tensor | None = None
+    o_bias: torch.Tensor | None = None
+    gate_up_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
+
+
+class Decoder:
+    """A stack of blocks bound for ``front``/``tail`` (module docstring): the weights'
+    pointers are resolved once; a call passes only the step's tensors.
+
+    Not re-entrant within a thread's call; scratch buffers are per thread."""
+
+    def __init__(self, blocks: list[BlockWeights], heads: int, kv_heads: int, head_dim: int, scale: float,
+                 final_norm: torch.Tensor, final_eps: float):
+        lib = _library()
+        why = reason()
+        if lib is None or why is not None:
+            raise RuntimeError(f"the CPU decoder kernel is not available: {why}")
+        if not blocks:
+            raise ValueError("Decoder needs at least one block")
+        hidden = blocks[0].norm1.shape[0]
+        inter = blocks[0].gate_up.out_features // 2
+        for i, b in enumerate(blocks):
+            want = {"qkv": ((heads + 2 * kv_heads) * head_dim, hidden), "o": (hidden, heads * head_dim),
+                    "gate_up": (2 * inter, hidden), "down": (hidden, inter)}
+            for name, (n, k) in want.items():
+                pw = getattr(b, name)
+                if (pw.out_features, pw.in_features) != (n, k):
+                    raise ValueError(f"block {i}: {name} is [{pw.out_features}, {pw.in_features}], expected [{n}, {k}]")
+            for name in ("norm1", "norm2"):
+                w = getattr(b, name)
+                if w.shape != (hidden,) or w.dtype != _F32:
+                    raise ValueError(f"block {i}: {name} must be float32 [{hidden}], got {w.dtype} {tuple(w.shape)}")
+        self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter = hidden, heads, kv_heads, head_dim, inter
+        lin = cpu_linear._library()
+        f16 = ctypes.cast(lin.ls_linear_f16, _ptr).value
+        f32 = ctypes.cast(lin.ls_linear_f32, _ptr).value
+        self._keep: list[torch.Tensor] = []  # every buffer a pointer refers to
+
+        def proj(pw: PackedWeight, bias: torch.Tensor | None) -> _Proj:
+            b = None if bias is None else bias.detach().float().contiguous()
+            self._keep.extend([pw.data] + ([b] if b is not None else []))
+            return _Proj(f16 if pw.data.dtype == torch.float16 else f32, pw.data.data_ptr(),
+                         None if b is None else b.data_ptr(), pw.out_features, pw.in_features)
+
+        def vec(t: torch.Tensor) -> int:
+            t = t.detach().contiguous()
+            self._keep.append(t)
+            return t.data_ptr()
+
+        self._blocks = (_Block * len(blocks))()
+        for i, b in enumerate(blocks):
+            self._blocks[i] = _Block(proj(b.qkv, b.qkv_bias), proj(b.o, b.o_bias), proj(b.gate_up, b.gate_up_bias),
+                                     proj(b.down, b.down_bias), vec(b.norm1), vec(b.norm2), b.eps1, b.eps2)
+        self._block_ptrs = [ctypes.pointer(self._blocks[i]) for i in range(len(blocks))]
+        self._down_ptrs = [None] + [ctypes.pointer(self._blocks[i].down) for i in range(len(blocks) - 1)]
+        self._last_down = ctypes.pointer(self._blocks[len(blocks) - 1].down)
+        self._final = vec(final_norm)
+        self._final_eps = float(final_eps)
+        norm_lib, attn_lib = cpu_norm_rope._library(), cpu_attention._library()
+        self._model = _Model(hidden, heads, kv_heads, head_dim, inter, scale,
+                             ctypes.cast(norm_lib.ls_rms_norm, _ptr).value, ctypes.cast(norm_lib.ls_rotary, _ptr).value,
+                             ctypes.cast(attn_lib.ls_attention, _ptr).value)
+        self._model_ptr = ctypes.pointer(self._model)
+        self._front, self._tail, self._work_size = lib.ls_block_front, lib.ls_block_tail, lib.ls_front_work
+        self._local = threading.local()
+        self.num_blocks = len(blocks)
+
+    def _buffers(self, M: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scratch and the gate/up output for M rows (this thread's, grown as needed)."""
+        cached = getattr(self._local, "bufs", None)
+        if cached is None or cached[0] < M:
+            work = torch.empty(int(self._work_size(self._model_ptr, M)), dtype=_F32)
+            gate_up = torch.empty(M * 2 * self.inter, dtype=_F32)
+            cached = self._local.bufs = (M, work, gate_up)
+        return cached[1], cached[2]
+
+    def front(self, i: int, h: torch.Tensor, act: torch.Tensor | None, k_slab: torch.Tensor, v_slab: torch.Tensor,
+              cols: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None,
+              record: torch.Tensor | None = None) -> torch.Tensor:
+        """Block ``i`` (module docstring); returns gate/up ``[B, q, 2 I]``, a per-thread buffer
+        overwritten by the next call.  ``act [B, q, I]`` contiguous (None at block 0);
+        ``record`` ``[B, q, Hd]``: receives the block's input h.  No argument checks: the
+        caller passes contiguous float32 CPU tensors of the documented shapes."""
+        B, q, _ = h.shape
+        work, gate_up = self._buffers(B * q)
+        rc = self._front(self._model_ptr, self._block_ptrs[i], self._down_ptrs[i], B, q, cols, k_slab.shape[2],
+                         k_slab.data_ptr(), v_slab.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                         None if mask is None else mask.data_ptr(), h.data_ptr(),
+                         None if act is None else act.data_ptr(), None if record is None else record.data_ptr(),
+                         work.data_ptr(), gate_up.data_ptr(), torch.get_num_threads())
+        if rc:
+            raise MemoryError("cpu decoder: the attention could not allocate its score buffer")
+        return gate_up[: B * q * 2 * self.inter].view(B, q, 2 * self.inter)
+
+    def tail(self, h: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        """``h += down(act)`` of the last block, then the final norm: ``[B, q, Hd]`` (new)."""
+        B, q, Hd = h.shape
+        work, _ = self._buffers(B * q)
+        out = torch.empty(B, q, Hd, dtype=_F32)
+        self._tail(self._model_ptr, self._last_down, self._final, self._final_eps, B * q, h.data_ptr(),
+                   act.data_ptr(), work.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        return out
+
+
+def activation(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU between two blocks: ``silu(gate) * up`` of ``gate_up [..., 2 I]`` (PyTorch ops)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def block_front_ref(w: BlockWeights, down_prev: tuple[PackedWeight, torch.Tensor | None] | None, heads: int,
+                    kv_heads: int, head_dim: int, scale: float, h: torch.Tensor, act: torch.Tensor | None,
+                    k_slab: torch.Tensor, v_slab: torch.Tensor, cols: int, cos: torch.Tensor, sin: torch.Tensor,
+                    mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch reference of ``Decoder.front`` for one block: returns ``(h, gate_up)`` and
+    writes the new keys and values into the slabs, as the kernel does."""
+    B, q, Hd = h.shape
+    H, G, D = heads, kv_heads, head_dim
+    if act is not None:
+        h = h + cpu_linear.packed_linear_ref(act, *down_prev)
+    x = cpu_norm_rope.rms_norm_ref(h, w.norm1, w.eps1)
+    qkv = cpu_linear.packed_linear_ref(x, w.qkv, w.qkv_bias).view(B, q, H + 2 * G, D)
+    qk = cpu_norm_rope.rotary_ref(qkv[:, :, : H + G].transpose(1, 2), cos, sin)  # [B, H+G, q, D]
+    k_slab[:, :, cols : cols + q] = qk[:, H:]
+    v_slab[:, :, cols : cols + q] = qkv[:, :, H + G :].transpose(1, 2)
+    C = cols + q
+    if mask is None:
+        mask = torch.ones(q, C, dtype=torch.bool).tril(C - q)[None].expand(B, q, C)
+    o = cpu_attention.attention_ref(qk[:, :H], k_slab[:, :, :C], v_slab[:, :, :C], mask[:, None], scale)
+    h = h + cpu_linear.packed_linear_ref(o.reshape(B, q, H * D), w.o, w.o_bias)
+    x = cpu_norm_rope.rms_norm_ref(h, w.norm2, w.eps2)
+    return h, cpu_linear.packed_linear_ref(x, w.gate_up, w.gate_up_bias)
+
+
+def block_tail_ref(down: PackedWeight, down_bias: torch.Tensor | None, final_norm: torch.Tensor, eps: float,
+                   h: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """PyTorch reference of ``Decoder.tail``: returns ``(h, normed)``."""
+    h = h + cpu_linear.packed_linear_ref(act, down, down_bias)
+    return h, cpu_norm_rope.rms_norm_ref(h, final_norm, eps)

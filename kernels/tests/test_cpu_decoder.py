@@ -1,0 +1,126 @@
+"""The chained decoder block (``cpu_decoder.c``): bit for bit what the same kernels give
+when called one by one from Python, and close to the PyTorch reference; keys and values
+land in the right cache columns; a masked (ragged) batch and a causal one agree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightspec_kernels import cpu_attention, cpu_decoder, cpu_linear, cpu_norm_rope
+
+needs_kernel = pytest.mark.skipif(not cpu_decoder.available(),
+                                  reason=f"CPU kernel unavailable: {cpu_decoder.reason()}")
+
+
+def _weights(gen, hidden, H, G, D, inter, half: bool, bias: bool, n: int = 2):
+    def w(rows, cols):
+        t = torch.randn(rows, cols, generator=gen) / cols**0.5
+        return t.half().float() if half else t
+
+    def b(rows):
+        return torch.randn(rows, generator=gen) * 0.1 if bias else None
+
+    return [cpu_decoder.BlockWeights(
+        qkv=cpu_linear.pack(w((H + 2 * G) * D, hidden)), o=cpu_linear.pack(w(hidden, H * D)),
+        gate_up=cpu_linear.pack(w(2 * inter, hidden)), down=cpu_linear.pack(w(hidden, inter)),
+        norm1=1 + 0.1 * torch.randn(hidden, generator=gen), norm2=1 + 0.1 * torch.randn(hidden, generator=gen),
+        eps1=1e-6, eps2=1e-5, qkv_bias=b((H + 2 * G) * D)) for _ in range(n)]
+
+
+def _op_by_op(blocks, final, H, G, D, scale, h, k_slabs, v_slabs, cols, cos, sin, mask):
+    """The same kernels called one at a time from Python (the lean forward's way)."""
+    B, q, Hd = h.shape
+    act = None
+    for i, w in enumerate(blocks):
+        if act is None:
+            x = cpu_norm_rope.rms_norm(h, w.norm1, w.eps1)
+        else:
+            h, x = cpu_norm_rope.rms_norm(h, w.norm1, w.eps1, cpu_linear.packed_linear(act, blocks[i - 1].down))
+        qkv = cpu_linear.packed_linear(x, w.qkv, w.qkv_bias).view(B, q, H + 2 * G, D)
+        qk = cpu_norm_rope.rotary(qkv[:, :, : H + G].transpose(1, 2), cos, sin)
+        k_slabs[i][:, :, cols : cols + q] = qk[:, H:]
+        v_slabs[i][:, :, cols : cols + q] = qkv[:, :, H + G :].transpose(1, 2)
+        C = cols + q
+        o = cpu_attention.attention_cpu(qk[:, :H], k_slabs[i][:, :, :C], v_slabs[i][:, :, :C],
+                                        None if mask is None else mask[:, None], scale)
+        h, x = cpu_norm_rope.rms_norm(h, w.norm2, w.eps2, cpu_linear.packed_linear(o.reshape(B, q, -1), w.o))
+        act = cpu_decoder.activation(cpu_linear.packed_linear(x, w.gate_up, w.gate_up_bias))
+    return cpu_norm_rope.rms_norm(h, final, 1e-6, cpu_linear.packed_linear(act, blocks[-1].down))
+
+
+@needs_kernel
+@pytest.mark.parametrize("B,q,cols,H,G,half,bias,masked", [
+    (1, 1, 37, 6, 6, False, False, False),
+    (1, 5, 20, 4, 2, True, False, False),
+    (3, 4, 9, 4, 1, False, True, True),
+    (2, 1, 0, 2, 2, False, False, True),
+])
+def test_decoder_matches_op_by_op_bit_for_bit(gen, B, q, cols, H, G, half, bias, masked):
+    hidden, D, inter, cap = 48, 16, 80, 64
+    scale = D**-0.5
+    blocks = _weights(gen, hidden, H, G, D, inter, half, bias)
+    final = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    dec = cpu_decoder.Decoder(blocks, H, G, D, scale, final, 1e-6)
+    h0 = torch.randn(B, q, hidden, generator=gen)
+    cos, sin = torch.randn(B, q, D, generator=gen), torch.randn(B, q, D, generator=gen)
+    C = cols + q
+    mask = None
+    if masked:  # ragged rows: random holes in the cache, causal among the new tokens
+        mask = torch.rand(B, q, C, generator=gen) > 0.3
+        mask[:, :, cols:] = torch.ones(q, q, dtype=torch.bool).tril()
+    slabs = [(torch.randn(B, G, cap, D, generator=gen), torch.randn(B, G, cap, D, generator=gen)) for _ in blocks]
+    k_a, v_a = [k.clone() for k, _ in slabs], [v.clone() for _, v in slabs]
+    k_b, v_b = [k.clone() for k, _ in slabs], [v.clone() for _, v in slabs]
+
+    h_want, out_want = _op_by_op(blocks, final, H, G, D, scale, h0.clone(), k_a, v_a, cols, cos, sin, mask)
+
+    h = h0.clone()
+    act = None
+    records = []
+    for i in range(len(blocks)):
+        rec = torch.empty_like(h)
+        gu = dec.front(i, h, act, k_b[i], v_b[i], cols, cos, sin, mask, record=rec)
+        records.append(rec)
+        act = cpu_decoder.activation(gu)
+    out = dec.tail(h, act)
+    assert torch.equal(out, out_want) and torch.equal(h, h_want)
+    assert torch.equal(records[0], h0)
+    for i in range(len(blocks)):  # the new keys/values and nothing else were written
+        assert torch.equal(k_b[i], k_a[i]) and torch.equal(v_b[i], v_a[i])
+        untouched = torch.ones(cap, dtype=torch.bool)
+        untouched[cols:C] = False
+        assert torch.equal(k_b[i][:, :, untouched], slabs[i][0][:, :, untouched])
+
+
+@needs_kernel
+def test_decoder_close_to_pytorch_reference(gen):
+    B, q, cols, H, G, D, hidden, inter, cap = 2, 3, 11, 4, 2, 16, 64, 96, 32
+    scale = D**-0.5
+    blocks = _weights(gen, hidden, H, G, D, inter, half=False, bias=True, n=1)
+    final = torch.ones(hidden)
+    dec = cpu_decoder.Decoder(blocks, H, G, D, scale, final, 1e-6)
+    h0 = torch.randn(B, q, hidden, generator=gen)
+    pos = torch.arange(cols, cols + q, dtype=torch.float32)[None, :, None] * torch.rand(D, generator=gen)
+    cos, sin = pos.cos().expand(B, q, D).contiguous(), pos.sin().expand(B, q, D).contiguous()
+    k0, v0 = torch.randn(B, G, cap, D, generator=gen), torch.randn(B, G, cap, D, generator=gen)
+    k1, v1 = k0.clone(), v0.clone()
+    h_ref, gu_ref = cpu_decoder.block_front_ref(blocks[0], None, H, G, D, scale, h0, None, k0, v0, cols, cos, sin)
+    h = h0.clone()
+    gu = dec.front(0, h, None, k1, v1, cols, cos, sin)
+    torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gu, gu_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(k1, k0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(v1, v0, rtol=1e-5, atol=1e-5)
+    act = cpu_decoder.activation(gu)
+    h_ref2, out_ref = cpu_decoder.block_tail_ref(blocks[0].down, None, final, 1e-6, h_ref, act)
+    torch.testing.assert_close(dec.tail(h, act), out_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(h, h_ref2, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_decoder_rejects_mismatched_weights(gen):
+    blocks = _weights(gen, 32, 2, 2, 16, 64, half=False, bias=False, n=1)
+    with pytest.raises(ValueError, match="qkv"):
+        cpu_decoder.Decoder(blocks, 4, 2, 16, 0.25, torch.ones(32), 1e-6)
+    with pytest.raises(ValueError, match="at least one block"):
+        cpu_decoder.Decoder([], 2, 2, 16, 0.25, torch.ones(32), 1e-6)

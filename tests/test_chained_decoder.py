@@ -1,0 +1,97 @@
+"""The lean forward's chained path (``cpu_decoder``: one compiled call per block) on models
+whose pieces all run LightSpec's CPU kernels: the same logits as the op-by-op lean
+forward and as HF's forward, bit for bit, through ragged batches, holes, rollbacks,
+slab growth and captured hidden states; models it cannot run keep the op-by-op forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightspec_core.cpu_norm import use_cpu_norms
+from lightspec_core.hf_attention import use_cpu_attention
+from lightspec_core.kvcache import BatchedKV
+from lightspec_core.lean_decoder import exact_lean_target, lean_decoder
+from lightspec_core.weight_layout import use_cpu_layout
+from lightspec_kernels import cpu_decoder
+from models import build_model
+
+pytestmark = pytest.mark.skipif(not cpu_decoder.available(), reason=f"CPU kernel unavailable: {cpu_decoder.reason()}")
+CPU = torch.device("cpu")
+
+
+def _kernel_model(arch: str, **overrides):
+    model = build_model(arch, **overrides)
+    use_cpu_layout(model)
+    use_cpu_norms(model)
+    use_cpu_attention(model)
+    return model
+
+
+def _steps(kv: BatchedKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A ragged prefill, a per-row rollback, a ragged append (holes), one-token steps past the
+    slab's capacity (growth) and a verify-wide step; (logits, real positions) per forward."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 500, (3, 9), generator=g)
+    valid = torch.ones(3, 9, dtype=torch.bool)
+    valid[1, 6:] = False
+    valid[2, 4:] = False
+    out = [(kv.forward(ids, valid).logits, valid)]
+    kv.truncate(torch.tensor([5, 3, 4]))
+    valid2 = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    out.append((kv.forward(ids[:, :3], valid2).logits, valid2))
+    for j in range(6):
+        out.append((kv.forward(ids[:, j : j + 1]).logits, torch.ones(3, 1, dtype=torch.bool)))
+    out.append((kv.forward(ids[:, :5]).logits, torch.ones(3, 5, dtype=torch.bool)))
+    return out
+
+
+def _run(runner, capacity: int = 12):
+    with torch.inference_mode():
+        return _steps(BatchedKV(runner, 3, CPU, capacity=capacity))
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_chained_forward_is_the_op_by_op_forward_and_hf_bit_for_bit(arch):
+    model = _kernel_model(arch)
+    chained = exact_lean_target(model)  # its probe already compares with HF bit for bit
+    assert chained is not None and chained.chained is not None
+    plain = lean_decoder(model)
+    plain.chained = None
+    for (a, valid), (b, _), (c, _) in zip(_run(chained), _run(plain), _run(model)):
+        assert torch.equal(a[valid], b[valid])
+        assert torch.equal(a[valid], c[valid])
+
+
+def test_chained_capture_records_what_the_op_by_op_forward_records():
+    model = _kernel_model("llama")
+    chained, plain = lean_decoder(model).capture([0, 1, 2]), lean_decoder(model).capture([0, 1, 2])
+    plain.chained = None
+    assert chained.chained is not None
+    kv_a, kv_b = BatchedKV(chained, 2, CPU), BatchedKV(plain, 2, CPU)
+    ids = torch.randint(3, 500, (2, 6), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        for q in (6, 1, 3):
+            kv_a.forward(ids[:, :q])
+            kv_b.forward(ids[:, :q])
+            assert set(chained.states) == {0, 1, 2}
+            for i in (0, 1, 2):
+                assert torch.equal(chained.states[i], plain.states[i])
+
+
+def test_chained_draft_forward_matches_hf_up_to_rounding():
+    model = _kernel_model("llama")
+    fast = lean_decoder(model, exact=False)
+    assert fast.chained is not None
+    for (a, valid), (c, _) in zip(_run(fast), _run(model)):
+        torch.testing.assert_close(a[valid], c[valid], rtol=1e-4, atol=1e-4)
+
+
+def test_models_without_every_kernel_keep_the_op_by_op_forward(monkeypatch):
+    assert lean_decoder(_kernel_model("qwen3")).chained is None  # per-head q/k norms
+    assert lean_decoder(build_model("llama")).chained is None  # no packed weights, no kernel norms
+    no_norms = build_model("llama")
+    use_cpu_layout(no_norms)
+    use_cpu_attention(no_norms)
+    assert lean_decoder(no_norms).chained is None
+    monkeypatch.setenv("LIGHTSPEC_CHAINED", "0")
+    assert lean_decoder(_kernel_model("llama")).chained is None
