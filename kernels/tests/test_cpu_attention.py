@@ -20,6 +20,9 @@ SHAPES = [  # B, H, H_kv, Q, C, D
     (3, 4, 4, 1, 1, 24),
     (2, 2, 1, 16, 130, 128),
     (4, 12, 4, 2, 33, 80),
+    (1, 2, 2, 37, 60, 64),  # more queries than one group of 16 (the kernel's blocking)
+    (2, 2, 1, 18, 18, 96),  # a head size with a 64-wide slice group and two single slices
+    (1, 3, 3, 9, 41, 32),
 ]
 
 
