@@ -30,6 +30,7 @@
 #include "cpu_parallel.h"
 
 typedef int32_t i16v __attribute__((vector_size(64)));
+typedef uint8_t u8v __attribute__((vector_size(16)));
 
 /* exp(x) for x <= 0 (scores minus their maximum): Cephes' expf polynomial after
  * x = n ln2 + r; below -87 (and -inf, a masked column) it is exactly 0. */
@@ -222,10 +223,17 @@ static inline float softmax_row(const attn_args *a, float *s, int64_t visible_en
                                 const float *frow) {
   float m = -INFINITY;
   int64_t c = 0;
-  if (!brow && !frow) { /* scale and running maximum, 16 lanes at a time (max is exact) */
+  if (!frow && (!brow || a->msc == 1)) { /* scale, mask and running maximum, 16 lanes at a time (max is exact) */
     v16 mv = splat(-INFINITY), sv = splat(a->scale);
+    const i16v hidden = (i16v)splat(-INFINITY);
     for (; c + 16 <= visible_end; c += 16) {
       v16 x = load16(s + c) * sv;
+      if (brow) {
+        u8v mb;
+        memcpy(&mb, brow + c, 16);
+        i16v vis = __builtin_convertvector(mb, i16v) != 0;
+        x = (v16)(((i16v)x & vis) | (hidden & ~vis));
+      }
       memcpy(s + c, &x, 64);
       i16v gt = x > mv;
       mv = (v16)(((i16v)x & gt) | ((i16v)mv & ~gt));
@@ -340,7 +348,18 @@ static void attend_items(void *ctx, int64_t i0, int64_t i1) {
         const int64_t i = q0 + r;
         int64_t e = C; /* columns at or past this one are never visible (causal) */
         if (!a->bmask && !a->fmask && a->causal) e = i + C - Q + 1;
-        vend[r] = e > C ? C : e;
+        if (e > C) e = C;
+        /* with a mask: up to its last visible column (a causal mask as a bool tensor, as a
+         * prefill passes it, then costs what the causal flag costs; hidden columns past it
+         * would only add exact zeros) */
+        if (a->bmask) {
+          const uint8_t *brow = a->bmask + b * a->msb + h * a->msh + i * a->msq;
+          while (e > 0 && !brow[(e - 1) * a->msc]) e--;
+        } else if (a->fmask) {
+          const float *frow = a->fmask + b * a->msb + h * a->msh + i * a->msq;
+          while (e > 0 && frow[(e - 1) * a->msc] == -INFINITY) e--;
+        }
+        vend[r] = e;
         if (vend[r] > most) most = vend[r];
       }
       /* raw scores q . k, block by block of 16 columns, every query of the group per block */
