@@ -69,13 +69,15 @@ def test_chained_capture_records_what_the_op_by_op_forward_records():
     assert chained.chained is not None
     kv_a, kv_b = BatchedKV(chained, 2, CPU), BatchedKV(plain, 2, CPU)
     ids = torch.randint(3, 500, (2, 6), generator=torch.Generator().manual_seed(2))
+    ragged = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)  # a padded verify: packed rows
     with torch.inference_mode():
-        for q in (6, 1, 3):
-            kv_a.forward(ids[:, :q])
-            kv_b.forward(ids[:, :q])
+        for q, valid in ((6, None), (1, None), (3, None), (3, ragged)):
+            kv_a.forward(ids[:, :q], valid)
+            kv_b.forward(ids[:, :q], valid)
+            real = torch.ones(2, q, dtype=torch.bool) if valid is None else valid
             assert set(chained.states) == {0, 1, 2}
             for i in (0, 1, 2):
-                assert torch.equal(chained.states[i], plain.states[i])
+                assert torch.equal(chained.states[i][real], plain.states[i][real])
 
 
 def test_chained_draft_forward_matches_hf_up_to_rounding():
@@ -95,3 +97,14 @@ def test_models_without_every_kernel_keep_the_op_by_op_forward(monkeypatch):
     assert lean_decoder(no_norms).chained is None
     monkeypatch.setenv("LIGHTSPEC_CHAINED", "0")
     assert lean_decoder(_kernel_model("llama")).chained is None
+
+
+def test_exact_rope_table_reads_the_rotary_modules_values():
+    """Head size 32: the chained exact forward reads cos/sin from a table (checked at load
+    to hold the rotary module's values bit for bit) and still equals HF's forward."""
+    model = _kernel_model("llama", num_attention_heads=2, num_key_value_heads=1)
+    lean = exact_lean_target(model)
+    assert lean is not None and lean.chained is not None and lean.exact_rope_table
+    assert not lean_decoder(_kernel_model("llama")).exact_rope_table  # head size 16: not checked, not used
+    for (a, valid), (c, _) in zip(_run(lean, capacity=8), _run(model, capacity=8)):
+        assert torch.equal(a[valid], c[valid])

@@ -124,3 +124,47 @@ def test_decoder_rejects_mismatched_weights(gen):
         cpu_decoder.Decoder(blocks, 4, 2, 16, 0.25, torch.ones(32), 1e-6)
     with pytest.raises(ValueError, match="at least one block"):
         cpu_decoder.Decoder([], 2, 2, 16, 0.25, torch.ones(32), 1e-6)
+
+
+@needs_kernel
+def test_packed_rows_equal_the_padded_slots_and_padding_gets_zero_keys(gen):
+    """``rows``: only the real tokens of a ragged verify go through the products; their
+    results equal those of the padded layout, bit for bit, and the padding slots' cache
+    columns get zeros."""
+    B, q, cols, H, G, D, hidden, inter, cap = 3, 4, 13, 4, 2, 16, 48, 80, 32
+    blocks = _weights(gen, hidden, H, G, D, inter, half=False, bias=True)
+    final = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    dec = cpu_decoder.Decoder(blocks, H, G, D, D**-0.5, final, 1e-6)
+    lengths = torch.tensor([4, 1, 2])
+    real = torch.arange(q)[None, :] < lengths[:, None]  # [B, q]
+    C = cols + q
+    mask = torch.rand(B, q, C, generator=gen) > 0.2
+    mask[:, :, cols:] = torch.ones(q, q, dtype=torch.bool).tril()
+    mask &= torch.cat([torch.ones(B, cols, dtype=torch.bool), real], 1)[:, None, :]  # padding columns hidden
+    mask &= real[:, :, None]  # padding queries see nothing
+    rows = real.reshape(-1).nonzero().squeeze(1)
+    h0 = torch.randn(B, q, hidden, generator=gen)
+    cos, sin = torch.randn(B, q, D, generator=gen), torch.randn(B, q, D, generator=gen)
+    slabs = [(torch.randn(B, G, cap, D, generator=gen), torch.randn(B, G, cap, D, generator=gen)) for _ in blocks]
+
+    def run(packed: bool):
+        ks, vs = [k.clone() for k, _ in slabs], [v.clone() for _, v in slabs]
+        h = h0.reshape(B * q, hidden).index_select(0, rows) if packed else h0.clone()
+        act, gus = None, []
+        for i in range(len(blocks)):
+            gu = dec.front(i, h, act, ks[i], vs[i], cols, cos, sin, mask, rows=rows if packed else None)
+            gus.append(gu.clone())
+            act = cpu_decoder.activation(gu)
+        return dec.tail(h, act), gus, ks, vs
+
+    out_p, gus_p, ks_p, vs_p = run(True)
+    out_u, gus_u, ks_u, vs_u = run(False)
+    flat = lambda t: t.reshape(B * q, -1).index_select(0, rows)  # noqa: E731
+    assert torch.equal(out_p, flat(out_u))
+    for a, b in zip(gus_p, gus_u):
+        assert torch.equal(a, flat(b))
+    for i in range(len(blocks)):
+        new_k, new_v = ks_p[i][:, :, cols:C], vs_p[i][:, :, cols:C]  # [B, G, q, D]
+        assert torch.equal(new_k[real[:, None, :].expand(B, G, q)], ks_u[i][:, :, cols:C][real[:, None, :].expand(B, G, q)])
+        assert torch.equal(new_v[real[:, None, :].expand(B, G, q)], vs_u[i][:, :, cols:C][real[:, None, :].expand(B, G, q)])
+        assert not new_k[~real[:, None, :].expand(B, G, q)].any() and not new_v[~real[:, None, :].expand(B, G, q)].any()

@@ -61,34 +61,45 @@ static inline void project(const ls_proj *p, const float *x, int64_t M, float *y
   p->fn(x, M, p->k, p->k, p->w, p->n, p->bias, y, p->n, M > 8 ? threads : 1);
 }
 
-/* Floats of scratch ls_block_front needs for M = B * q rows. */
-int64_t ls_front_work(const ls_model *m, int64_t M) {
+/* Floats of scratch ls_block_front needs for B * q = BQ token slots. */
+int64_t ls_front_work(const ls_model *m, int64_t BQ) {
   const int64_t H = m->heads, G = m->kv_heads, D = m->head_dim;
-  return M * (2 * m->hidden + (H + 2 * G) * D + (H + G) * D + H * D);
+  return BQ * (2 * m->hidden + 2 * (H + 2 * G) * D + (H + G) * D + 2 * H * D);
 }
 
-/* One block for B rows of q new tokens each (M = B q rows, row-major [B][q]).
+/* One block for B rows of q new token slots each (row-major [B][q]), of which M are real
+ * tokens: rows == NULL means all B q (M = B q); otherwise rows[j] (increasing) is the slot
+ * b q + i of real token j, and only the real tokens go through the products (a batch's
+ * verify pads short drafts: the padding costs no product).  Padding slots get zero keys
+ * and values, and their mask rows must be all zero (they attend to nothing).
  *
- * h [M, hidden]: the residual stream, updated in place.  act [M, inter] with down_prev:
- * the previous block's activation, whose down projection is added to h first (NULL at
- * block 0).  record [M, hidden] or NULL: receives h as this block's input.
+ * h [M, hidden]: the residual stream of the real tokens, updated in place.  act [M, inter]
+ * with down_prev: the previous block's activation, whose down projection is added to h
+ * first (NULL at block 0).  record [M, hidden] or NULL: receives h as this block's input.
  * Cache: k_slab, v_slab [B, kv_heads, cap, head_dim]; columns [0, cols) hold the cache,
  * the q new keys/values are written to columns [cols, cols + q) and attended to with it.
- * cos, sin [B, q, head_dim]: the rotary tables at the new tokens' positions.
+ * cos, sin [B, q, head_dim]: the rotary tables at the new slots' positions.
  * mask [B, q, cols + q] (nonzero = visible) or NULL: causal over all columns.
- * gate_up [M, 2 inter]: the output.  work: ls_front_work floats.  Returns 0, or the
+ * gate_up [M, 2 inter]: the output.  work: ls_front_work(B q) floats.  Returns 0, or the
  * attention's error. */
 int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_prev, int64_t B, int64_t q,
-                   int64_t cols, int64_t cap, float *k_slab, float *v_slab, const float *cos_, const float *sin_,
-                   const uint8_t *mask, float *h, const float *act, float *record, float *work, float *gate_up,
-                   int threads) {
-  const int64_t M = B * q, Hd = m->hidden, H = m->heads, G = m->kv_heads, D = m->head_dim;
+                   const int64_t *rows, int64_t M, int64_t cols, int64_t cap, float *k_slab, float *v_slab,
+                   const float *cos_, const float *sin_, const uint8_t *mask, float *h, const float *act,
+                   float *record, float *work, float *gate_up, int threads) {
+  const int64_t BQ = B * q, Hd = m->hidden, H = m->heads, G = m->kv_heads, D = m->head_dim;
   const int64_t W = (H + 2 * G) * D, C = cols + q;
-  float *x = work;             /* [M, hidden] normed input of a projection */
-  float *t = x + M * Hd;       /* [M, hidden] a projection's output */
-  float *qkv = t + M * Hd;     /* [B, q, H + 2G, D] */
-  float *qk = qkv + M * W;     /* [B, H + G, q, D] rotated queries and keys */
-  float *attn = qk + M * (H + G) * D; /* [B, q, H, D] */
+  float *x = work;                    /* [M, hidden] normed input of a projection */
+  float *t = x + BQ * Hd;             /* [M, hidden] a projection's output */
+  float *qkvp = t + BQ * Hd;          /* [M, W] the real tokens' q, k, v */
+  float *qkv = qkvp + BQ * W;         /* [B, q, H + 2G, D] every slot's */
+  float *qk = qkv + BQ * W;           /* [B, H + G, q, D] rotated queries and keys */
+  float *attn = qk + BQ * (H + G) * D; /* [B, q, H, D] */
+  float *attnp = attn + BQ * H * D;   /* [M, H D] the real tokens' */
+  if (!rows) {
+    M = BQ;
+    qkvp = qkv;
+    attnp = attn;
+  }
 
   if (act) {
     project(down_prev, act, M, t, threads);
@@ -97,7 +108,11 @@ int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_p
     m->norm(h, Hd, NULL, 0, NULL, 0, M, Hd, blk->norm1, blk->eps1, x, Hd);
   }
   if (record) memcpy(record, h, (size_t)(M * Hd) * sizeof(float));
-  project(&blk->qkv, x, M, qkv, threads);
+  project(&blk->qkv, x, M, qkvp, threads);
+  if (rows) { /* spread the real tokens over their slots, zeros in the padding */
+    memset(qkv, 0, (size_t)(BQ * W) * sizeof(float));
+    for (int64_t j = 0; j < M; j++) memcpy(qkv + rows[j] * W, qkvp + j * W, (size_t)W * sizeof(float));
+  }
   /* q and k heads of [B, q, H + 2G, D], viewed as [B, H + G, q, D] */
   m->rotary(qkv, B, H + G, q, D, q * W, D, W, cos_, sin_, q * D, D, qk);
   for (int64_t b = 0; b < B; b++)
@@ -111,7 +126,9 @@ int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_p
   int rc = m->attention(qk, B, H, q, D, (H + G) * q * D, q * D, D, k_slab, v_slab, G, C, G * cap * D, cap * D, D,
                         G * cap * D, cap * D, D, mask, NULL, q * C, 0, C, 1, 1, m->scale, attn, q > 16 ? threads : 1);
   if (rc) return rc;
-  project(&blk->o, attn, M, t, threads);
+  if (rows)
+    for (int64_t j = 0; j < M; j++) memcpy(attnp + j * H * D, attn + rows[j] * H * D, (size_t)(H * D) * sizeof(float));
+  project(&blk->o, attnp, M, t, threads);
   m->norm(h, Hd, t, Hd, h, Hd, M, Hd, blk->norm2, blk->eps2, x, Hd);
   project(&blk->gate_up, x, M, gate_up, threads);
   return 0;

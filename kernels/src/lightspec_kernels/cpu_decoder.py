@@ -11,6 +11,12 @@ kernel calls per block from Python, a few microseconds each: on the zoo target (
   gate/up product, returned as ``[B, q, 2 I]``;
 * ``tail(h, act)``: the last block's ``h += down(act)`` and the final norm.
 
+A ragged batch (a verify whose rows have drafts of different lengths, padded to the
+longest) passes ``rows``, the slots of its real tokens: only those go through the products,
+so the padding costs no product (the zoo target at batch 8, 300 cached tokens: two rows
+verifying 4 drafts while six verify none, 13.5 ms packed, about what 8 rows of 2 tokens
+cost, 13.2 ms, against 21.0 ms for every row at 5 tokens).
+
 The caller computes the activation ``act = silu(gate) * up`` between two blocks with
 PyTorch's operations: the model's own forward does, and this file does not reproduce
 PyTorch's ``exp`` rounding.
@@ -72,8 +78,8 @@ def _library() -> ctypes.CDLL | None:
         p = ctypes.POINTER
         lib.ls_front_work.argtypes = [p(_Model), _i64]
         lib.ls_front_work.restype = _i64
-        lib.ls_block_front.argtypes = [p(_Model), p(_Block), p(_Proj), _i64, _i64, _i64, _i64, _ptr, _ptr, _ptr,
-                                       _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int]
+        lib.ls_block_front.argtypes = [p(_Model), p(_Block), p(_Proj), _i64, _i64, _ptr, _i64, _i64, _i64, _ptr,
+                                       _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int]
         lib.ls_block_front.restype = ctypes.c_int
         lib.ls_block_tail.argtypes = [p(_Model), p(_Proj), _ptr, ctypes.c_float, _i64, _ptr, _ptr, _ptr, _ptr,
                                       ctypes.c_int]
@@ -177,39 +183,48 @@ class Decoder:
         self._local = threading.local()
         self.num_blocks = len(blocks)
 
-    def _buffers(self, M: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scratch and the gate/up output for M rows (this thread's, grown as needed)."""
+    def _buffers(self, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scratch and the gate/up output for ``slots`` = B q token slots (this thread's,
+        grown as needed)."""
         cached = getattr(self._local, "bufs", None)
-        if cached is None or cached[0] < M:
-            work = torch.empty(int(self._work_size(self._model_ptr, M)), dtype=_F32)
-            gate_up = torch.empty(M * 2 * self.inter, dtype=_F32)
-            cached = self._local.bufs = (M, work, gate_up)
+        if cached is None or cached[0] < slots:
+            work = torch.empty(int(self._work_size(self._model_ptr, slots)), dtype=_F32)
+            gate_up = torch.empty(slots * 2 * self.inter, dtype=_F32)
+            cached = self._local.bufs = (slots, work, gate_up)
         return cached[1], cached[2]
 
     def front(self, i: int, h: torch.Tensor, act: torch.Tensor | None, k_slab: torch.Tensor, v_slab: torch.Tensor,
               cols: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None,
-              record: torch.Tensor | None = None) -> torch.Tensor:
-        """Block ``i`` (module docstring); returns gate/up ``[B, q, 2 I]``, a per-thread buffer
-        overwritten by the next call.  ``act [B, q, I]`` contiguous (None at block 0);
-        ``record`` ``[B, q, Hd]``: receives the block's input h.  No argument checks: the
+              record: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Block ``i`` (module docstring) for B rows of q new token slots (``cos [B, q, D]``
+        gives B and q); returns gate/up ``[..., 2 I]`` shaped as ``h``, a per-thread buffer
+        overwritten by the next call.
+
+        ``h``: ``[B, q, Hd]``, or with ``rows`` (int64 ``[M]``, increasing: slot b q + i of
+        each real token) ``[M, Hd]``: only the real tokens go through the products, the
+        padding slots get zero keys and values, and ``mask`` (required then) must hide every
+        column from them.  ``act`` shaped as ``h`` with I features (None at block 0);
+        ``record`` shaped as ``h``: receives the block's input.  No argument checks: the
         caller passes contiguous float32 CPU tensors of the documented shapes."""
-        B, q, _ = h.shape
+        B, q = cos.shape[0], cos.shape[1]
+        M = h.numel() // self.hidden
         work, gate_up = self._buffers(B * q)
-        rc = self._front(self._model_ptr, self._block_ptrs[i], self._down_ptrs[i], B, q, cols, k_slab.shape[2],
+        rc = self._front(self._model_ptr, self._block_ptrs[i], self._down_ptrs[i], B, q,
+                         None if rows is None else rows.data_ptr(), M, cols, k_slab.shape[2],
                          k_slab.data_ptr(), v_slab.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                          None if mask is None else mask.data_ptr(), h.data_ptr(),
                          None if act is None else act.data_ptr(), None if record is None else record.data_ptr(),
                          work.data_ptr(), gate_up.data_ptr(), torch.get_num_threads())
         if rc:
             raise MemoryError("cpu decoder: the attention could not allocate its score buffer")
-        return gate_up[: B * q * 2 * self.inter].view(B, q, 2 * self.inter)
+        return gate_up[: M * 2 * self.inter].view(*h.shape[:-1], 2 * self.inter)
 
     def tail(self, h: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-        """``h += down(act)`` of the last block, then the final norm: ``[B, q, Hd]`` (new)."""
-        B, q, Hd = h.shape
-        work, _ = self._buffers(B * q)
-        out = torch.empty(B, q, Hd, dtype=_F32)
-        self._tail(self._model_ptr, self._last_down, self._final, self._final_eps, B * q, h.data_ptr(),
+        """``h += down(act)`` of the last block, then the final norm: shaped as ``h`` (new)."""
+        M = h.numel() // self.hidden
+        work, _ = self._buffers(M)
+        out = torch.empty(h.shape, dtype=_F32)
+        self._tail(self._model_ptr, self._last_down, self._final, self._final_eps, M, h.data_ptr(),
                    act.data_ptr(), work.data_ptr(), out.data_ptr(), torch.get_num_threads())
         return out
 
