@@ -51,10 +51,13 @@ def _run(runner, capacity: int = 12):
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
-def test_chained_forward_is_the_op_by_op_forward_and_hf_bit_for_bit(arch):
+@pytest.mark.parametrize("fused_activation", [True, False])
+def test_chained_forward_is_the_op_by_op_forward_and_hf_bit_for_bit(arch, fused_activation):
     model = _kernel_model(arch)
     chained = exact_lean_target(model)  # its probe already compares with HF bit for bit
     assert chained is not None and chained.chained is not None
+    assert chained.chained.fused_activation  # the C SwiGLU rounds as PyTorch's on this machine
+    chained.chained.fused_activation = fused_activation  # False: the activation between blocks in PyTorch
     plain = lean_decoder(model)
     plain.chained = None
     for (a, valid), (b, _), (c, _) in zip(_run(chained), _run(plain), _run(model)):

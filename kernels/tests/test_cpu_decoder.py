@@ -168,3 +168,38 @@ def test_packed_rows_equal_the_padded_slots_and_padding_gets_zero_keys(gen):
         assert torch.equal(new_k[real[:, None, :].expand(B, G, q)], ks_u[i][:, :, cols:C][real[:, None, :].expand(B, G, q)])
         assert torch.equal(new_v[real[:, None, :].expand(B, G, q)], vs_u[i][:, :, cols:C][real[:, None, :].expand(B, G, q)])
         assert not new_k[~real[:, None, :].expand(B, G, q)].any() and not new_v[~real[:, None, :].expand(B, G, q)].any()
+
+
+@needs_kernel
+@pytest.mark.parametrize("inter", [16, 80, 1024])
+def test_c_swiglu_rounds_as_pytorch_and_run_equals_the_block_loop(gen, inter):
+    """``ls_silu_mul`` (the activation in C, one call per step) against PyTorch's silu and
+    product, over magnitudes from 1e-6 to 1e4: the Decoder's probe says whether they agree
+    bit for bit, and says it truthfully (PyTorch's vectorised exp is SLEEF's, which the C
+    code reproduces; a size that leaves a scalar tail, such as 80 or 16, goes through the C
+    library's exp there).  At the zoo target's size (1024) they agree on this machine."""
+    B, q, cols, H, G, D, hidden, cap = 2, 3, 9, 2, 2, 16, 32, 16
+    blocks = _weights(gen, hidden, H, G, D, inter, half=False, bias=False)
+    dec = cpu_decoder.Decoder(blocks, H, G, D, D**-0.5, torch.ones(hidden), 1e-6)
+    agree = True
+    for scale in (1e-6, 0.3, 3.0, 30.0, 1e4):
+        gate_up = torch.randn(5, 2 * inter, generator=gen) * scale
+        got = torch.empty(5, inter)
+        dec._silu_mul(gate_up.data_ptr(), 5, inter, got.data_ptr())
+        agree = agree and torch.equal(got, cpu_decoder.activation(gate_up))
+    assert dec.fused_activation == agree
+    if inter == 1024:
+        assert agree
+    h0 = torch.randn(B, q, hidden, generator=gen)
+    cos, sin = torch.randn(B, q, D, generator=gen), torch.randn(B, q, D, generator=gen)
+    slabs = [(torch.randn(B, G, cap, D, generator=gen), torch.randn(B, G, cap, D, generator=gen)) for _ in blocks]
+    outs = []
+    for fused in (agree, False):
+        dec.fused_activation = fused
+        ks, vs = [k.clone() for k, _ in slabs], [v.clone() for _, v in slabs]
+        h = h0.clone()
+        rec = {1: torch.empty_like(h)}
+        outs.append((dec.run(h, ks, vs, cols, cos, sin, records=rec), h, rec[1], ks, vs))
+    (o1, h1, r1, k1, v1), (o2, h2, r2, k2, v2) = outs
+    assert torch.equal(o1, o2) and torch.equal(h1, h2) and torch.equal(r1, r2)
+    assert all(torch.equal(a, b) for a, b in zip(k1 + v1, k2 + v2))

@@ -18,10 +18,13 @@
  * passed in as function pointers, each compiled with its own flags), on the same values in
  * the same order, so its results are those of the op-by-op forward bit for bit.
  */
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "cpu_common.h"
+
+typedef int32_t i16v __attribute__((vector_size(64)));
 
 typedef void (*linear_t)(const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
                          const float *bias, float *y, int64_t ldy, int threads);
@@ -131,6 +134,75 @@ int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_p
   project(&blk->o, attnp, M, t, threads);
   m->norm(h, Hd, t, Hd, h, Hd, M, Hd, blk->norm2, blk->eps2, x, Hd);
   project(&blk->gate_up, x, M, gate_up, threads);
+  return 0;
+}
+
+/* 2^e for integer lanes e in [-126, 127]. */
+static inline v16 pow2i(i16v e) { return (v16)((e + 127) << 23); }
+
+/* exp(d), lane by lane, computed as PyTorch's vectorised float exp computes it (SLEEF's
+ * expf_u10: d = n ln2 + s with ln2 split in two parts, a degree-6 polynomial in s by
+ * multiply-adds, then 2^n applied in two halves), so that silu below rounds as
+ * torch.nn.functional.silu.  Whether it does on this machine is checked at run time
+ * (cpu_decoder.Decoder probes it against PyTorch), never assumed. */
+static inline v16 exp_torch(v16 d) {
+  v16 t = d * splat(1.442695040888963407359924681001892137426645954152985934135449406931f);
+  v16 nf;
+  for (int j = 0; j < 16; j++) nf[j] = __builtin_rintf(t[j]);
+  i16v n = __builtin_convertvector(nf, i16v);
+  v16 s = nf * splat(-0.693145751953125f) + d;
+  s = nf * splat(-1.428606765330187045e-06f) + s;
+  v16 u = splat(0.000198527617612853646278381f);
+  u = u * s + splat(0.00139304355252534151077271f);
+  u = u * s + splat(0.00833336077630519866943359f);
+  u = u * s + splat(0.0416664853692054748535156f);
+  u = u * s + splat(0.166666671633720397949219f);
+  u = u * s + splat(0.5f);
+  v16 ss = s * s;
+  u = splat(1.0f) + (ss * u + s);
+  i16v half = n >> 1;
+  u = u * pow2i(half) * pow2i(n - half);
+  i16v under = d < splat(-104.0f), over = d > splat(100.0f);
+  u = (v16)((i16v)u & ~under);
+  return (v16)(((i16v)u & ~over) | ((i16v)splat(INFINITY) & over));
+}
+
+/* SwiGLU: act[M, I] = silu(gate) * up with gate_up [M, 2I] (gate first), silu(x) =
+ * x / (1 + exp(-x)) as PyTorch's float kernel writes it.  I % 16 == 0. */
+void ls_silu_mul(const float *gate_up, int64_t M, int64_t I, float *act) {
+  for (int64_t r = 0; r < M; r++) {
+    const float *g = gate_up + r * 2 * I, *up = g + I;
+    float *o = act + r * I;
+    for (int64_t j = 0; j + 16 <= I; j += 16) {
+      v16 x = load16(g + j);
+      v16 y = x / (splat(1.0f) + exp_torch(-x)) * load16(up + j);
+      memcpy(o + j, &y, 64);
+    }
+  }
+}
+
+void ls_block_tail(const ls_model *m, const ls_proj *down, const float *norm_w, float eps, int64_t M, float *h,
+                   const float *act, float *work, float *out, int threads);
+
+/* The whole stack for one step: block 0 .. n-1 (ls_block_front, then ls_silu_mul), then
+ * ls_block_tail into out [M, hidden].  k_slabs, v_slabs, records: one pointer per block
+ * (records[i] NULL: not recorded; records itself may be NULL).  act: M * inter floats,
+ * gate_up: M * 2 inter.  Use only where ls_silu_mul has been checked to round as the
+ * caller's activation does.  Returns 0 or the attention's error. */
+int ls_decoder_run(const ls_model *m, const ls_block *blocks, int64_t n, const float *final_norm, float final_eps,
+                   int64_t B, int64_t q, const int64_t *rows, int64_t M, int64_t cols, int64_t cap,
+                   float *const *k_slabs, float *const *v_slabs, const float *cos_, const float *sin_,
+                   const uint8_t *mask, float *h, float *const *records, float *work, float *gate_up, float *act,
+                   float *out, int threads) {
+  if (!rows) M = B * q;
+  for (int64_t i = 0; i < n; i++) {
+    int rc = ls_block_front(m, &blocks[i], i ? &blocks[i - 1].down : NULL, B, q, rows, M, cols, cap, k_slabs[i],
+                            v_slabs[i], cos_, sin_, mask, h, i ? act : NULL, records ? records[i] : NULL, work,
+                            gate_up, threads);
+    if (rc) return rc;
+    ls_silu_mul(gate_up, M, m->inter, act);
+  }
+  ls_block_tail(m, &blocks[n - 1].down, final_norm, final_eps, M, h, act, work, out, threads);
   return 0;
 }
 

@@ -84,6 +84,12 @@ def _library() -> ctypes.CDLL | None:
         lib.ls_block_tail.argtypes = [p(_Model), p(_Proj), _ptr, ctypes.c_float, _i64, _ptr, _ptr, _ptr, _ptr,
                                       ctypes.c_int]
         lib.ls_block_tail.restype = None
+        lib.ls_silu_mul.argtypes = [_ptr, _i64, _i64, _ptr]
+        lib.ls_silu_mul.restype = None
+        lib.ls_decoder_run.argtypes = [p(_Model), _ptr, _i64, _ptr, ctypes.c_float, _i64, _i64, _ptr, _i64, _i64,
+                                       _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr,
+                                       ctypes.c_int]
+        lib.ls_decoder_run.restype = ctypes.c_int
     _lib, _configured = lib, True
     return lib
 
@@ -180,8 +186,66 @@ class Decoder:
                              ctypes.cast(attn_lib.ls_attention, _ptr).value)
         self._model_ptr = ctypes.pointer(self._model)
         self._front, self._tail, self._work_size = lib.ls_block_front, lib.ls_block_tail, lib.ls_front_work
+        self._run, self._silu_mul = lib.ls_decoder_run, lib.ls_silu_mul
         self._local = threading.local()
         self.num_blocks = len(blocks)
+        # the activation in C too (one call per step) only where it rounds as PyTorch's here
+        self.fused_activation = self._activation_matches_pytorch()
+
+    def _activation_matches_pytorch(self) -> bool:
+        """Whether ``ls_silu_mul`` equals ``activation`` (PyTorch's silu and product) bit for
+        bit on a probe of this intermediate size: values over ten orders of magnitude, both
+        signs, the clamps of exp and zeros.  PyTorch computes the silu's exp with SLEEF in
+        its vectorised loop and with the C library in a loop's tail (I not a multiple of
+        the vector width), so the answer depends on the machine and the size."""
+        inter = self.inter
+        if inter % 16:
+            return False
+        gen = torch.Generator().manual_seed(0)
+        scales = torch.tensor([1e-6, 1e-3, 0.1, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 40.0, 90.0, 110.0, 1e4])
+        rows = [torch.randn(2 * inter, generator=gen) * scale for scale in scales for _ in range(4)]
+        special = torch.tensor([0.0, -0.0, 1.0, -1.0, 87.0, -87.0, 88.7, -88.7, 103.9, -103.9, 104.1, -104.1,
+                                100.0, -100.0, 1e-30, -1e-30, 3e38, -3e38])
+        row = torch.randn(2 * inter, generator=gen)
+        special = special[:inter]
+        row[: special.numel()] = special
+        row[inter : inter + special.numel()] = special.flip(0)
+        gate_up = torch.stack(rows + [row])
+        want = activation(gate_up)
+        got = torch.empty_like(want)
+        self._silu_mul(gate_up.data_ptr(), gate_up.shape[0], inter, got.data_ptr())
+        return torch.equal(torch.nan_to_num(want), torch.nan_to_num(got)) and torch.equal(want.isnan(), got.isnan())
+
+    def run(self, h: torch.Tensor, k_slabs: list[torch.Tensor], v_slabs: list[torch.Tensor], cols: int,
+            cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None,
+            records: dict[int, torch.Tensor] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Every block and the final norm for one step: returns the normed hidden states
+        shaped as ``h`` (arguments as for ``front``; ``k_slabs``/``v_slabs``: one per block;
+        ``records``: block index → a tensor shaped as ``h`` that receives its input).  One
+        C call where the activation was found to round as PyTorch's (``fused_activation``),
+        otherwise ``front`` per block with the activation in PyTorch between them."""
+        if not self.fused_activation:
+            act = None
+            for i in range(self.num_blocks):
+                rec = None if records is None else records.get(i)
+                act = activation(self.front(i, h, act, k_slabs[i], v_slabs[i], cols, cos, sin, mask, rec, rows))
+            return self.tail(h, act)
+        B, q = cos.shape[0], cos.shape[1]
+        M = h.numel() // self.hidden
+        work, gate_up = self._buffers(B * q)
+        act, out = torch.empty(M * self.inter, dtype=_F32), torch.empty(h.shape, dtype=_F32)
+        n = self.num_blocks
+        ks = (_ptr * n)(*[k.data_ptr() for k in k_slabs])
+        vs = (_ptr * n)(*[v.data_ptr() for v in v_slabs])
+        recs = None if not records else (_ptr * n)(*[records[i].data_ptr() if i in records else None for i in range(n)])
+        rc = self._run(self._model_ptr, ctypes.addressof(self._blocks), n, self._final, self._final_eps, B, q,
+                       None if rows is None else rows.data_ptr(), M, cols, k_slabs[0].shape[2], ks, vs,
+                       cos.data_ptr(), sin.data_ptr(), None if mask is None else mask.data_ptr(), h.data_ptr(),
+                       recs, work.data_ptr(), gate_up.data_ptr(), act.data_ptr(), out.data_ptr(),
+                       torch.get_num_threads())
+        if rc:
+            raise MemoryError("cpu decoder: the attention could not allocate its score buffer")
+        return out
 
     def _buffers(self, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Scratch and the gate/up output for ``slots`` = B q token slots (this thread's,

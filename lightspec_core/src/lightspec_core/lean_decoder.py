@@ -373,18 +373,12 @@ class LeanDecoder:
                 h = h.reshape(B * q, -1).index_select(0, rows)  # [M, Hd]
                 mask = mask & new_valid[:, :, None]
             mask = mask.contiguous()
-        dec, record = self.chained, self.record
-        act = None
-        recorded = {}
-        for i, layer in enumerate(layers):
-            rec = None
-            if i in record:
-                rec = recorded[i] = torch.empty_like(h)
-            act = cpu_decoder.activation(dec.front(i, h, act, layer.k_slab, layer.v_slab, cols, cos, sin, mask, rec, rows))
-        normed = dec.tail(h, act)
+        recorded = {i: torch.empty_like(h) for i in self.record if i < len(layers)}
+        normed = self.chained.run(h, [layer.k_slab for layer in layers], [layer.v_slab for layer in layers], cols,
+                                  cos, sin, mask, recorded, rows)
         for layer in layers:
             layer.set_length(C)
-        if len(self.layers) in record:
+        if len(self.layers) in self.record:
             recorded[len(self.layers)] = normed
         for i, state in recorded.items():
             self.states[i] = state if rows is None else _unpack(state, rows, B, q)
