@@ -545,3 +545,42 @@ def test_static_budget():
     assert b.max_draft.tolist() == [3, 3] and b.min_confidence.tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="k=-1 is invalid"):
         StaticBudget(k=-1)
+
+
+def packed_ctx(histories: list[RowHistory], hints: dict[str, float]) -> StepContext:
+    c = ctx(histories)
+    c.extras = {"packed_verify": True, "draft_cost_hints": hints}
+    return c
+
+
+def test_a_packed_batch_lets_model_free_drafters_draft_row_by_row_above_the_break_even():
+    """A packed verify (each row pays only its own draft's tokens): model-free drafters get
+    the free limit for every row of a batch, with ``min_accept`` = what a verified token
+    costs (beta, at least PACKED_MIN_ACCEPT) so they cut each row's draft where it stops
+    paying; model drafters keep the batch's k.  Not without a model-free drafter, not
+    without packing, not for one row."""
+    from lightspec_core.budget import PACKED_MIN_ACCEPT
+
+    p = DynamicBudget(free_max_draft=16)
+    p.lightspec_on_stats(step(1, T1))
+    poor = [history(accepted=0, rejected=20)] * 4  # k = 0 for the batch
+    b = p.lightspec_budget(packed_ctx(poor, {"ngram": 0.0, "draft_model": 0.16}))
+    assert b.max_draft.tolist() == [0] * 4 and b.free_max_draft == [16] * 4
+    assert b.min_accept == pytest.approx(max(p.beta, PACKED_MIN_ACCEPT))
+    assert p.lightspec_budget(packed_ctx(poor, {"draft_model": 0.16})).min_accept is None
+    unpacked = packed_ctx(poor, {"ngram": 0.0})
+    unpacked.extras["packed_verify"] = False
+    assert p.lightspec_budget(unpacked).free_max_draft is None
+    one = p.lightspec_budget(packed_ctx(poor[:1], {"ngram": 0.0}))
+    assert one.min_accept is None and one.free_max_draft is None
+
+
+def test_a_packed_batch_fits_the_verify_cost_to_real_tokens_per_row():
+    """With packing, a 4-row verify 5 slots wide where one row drafted 4 tokens costs like
+    2 tokens per row: the fit uses real tokens per row, not the widest row."""
+    p = DynamicBudget()
+    p.lightspec_budget(packed_ctx([history(0, 0)] * 4, {"ngram": 0.0}))  # sees packed_verify
+    for _ in range(6):
+        p.lightspec_on_stats(step(1, T1, drafted=(0, 0, 0, 0)))
+        p.lightspec_on_stats(step(5, 1.6 * T1, drafted=(4, 0, 0, 0), accepted=(2, 0, 0, 0), source="ngram"))
+    assert p.beta == pytest.approx(0.6, rel=0.05)  # (1.6 - 1) / (2 - 1), not (1.6 - 1) / (5 - 1)

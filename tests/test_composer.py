@@ -282,3 +282,44 @@ def test_defaults_invalid_toml(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_defaults(tmp_path)
     assert "lightspec.toml" in str(info.value) and "TOML" in str(info.value)
+
+
+def test_a_cascade_lets_its_model_free_drafter_use_free_limits_past_a_zero_budget():
+    """A packed batch's budget: k = 0 for the model drafter, free limits for n-gram lookup.
+    The cascade then still runs the lookup (which reads the free limit) and skips the model
+    drafter; without free limits both are skipped."""
+    import torch
+    from lightspec_core.interfaces import RowHistory, StepContext
+    from lightspec_core.sampling import SamplingParams
+
+    calls = []
+
+    class Probe:
+        def __init__(self, name, cost):
+            self.name, self.cost = name, cost
+
+        def draft_cost_hints(self):
+            return {self.name: self.cost}
+
+        def lightspec_propose(self, ctx):
+            calls.append((self.name, list(ctx.max_draft_list)))
+            return None
+
+    class NoFusion:
+        def lightspec_fuse(self, ctx, proposals):
+            return None
+
+    combo = Combination("probe", "cascade", [Probe("ngram", 0.0), Probe("draft_model", 0.16)], NoFusion())
+    seqs = [[1, 2, 3], [4, 5, 6]]
+
+    def ctx(free):
+        return StepContext(step=0, sequences=seqs, row_ids=[0, 1], max_draft=torch.zeros(2, dtype=torch.long),
+                           max_draft_list=[0, 0], min_confidence=torch.zeros(2), sampling=SamplingParams(),
+                           generators=[], history=[RowHistory(), RowHistory()], target=None, tokenizer=None,
+                           device=torch.device("cpu"), vocab_size=10, free_max_draft_list=free)
+
+    combo.lightspec_propose(ctx=ctx([16, 16]))
+    assert calls == [("ngram", [0, 0])]
+    calls.clear()
+    combo.lightspec_propose(ctx=ctx(None))
+    assert calls == []

@@ -7,7 +7,9 @@ Usage: python scripts/ab/batch8.py TEMPERATURE ROUNDS STRATEGIES [WORKLOADS]
   e.g. python scripts/ab/batch8.py 0.0 8 ngram,hybrid,draft_model
        python scripts/ab/batch8.py 0.8 8 hybrid,/tmp/hybrid_margin105.yaml code,edit
 A name with a suffix "#N" is another pipeline of the same strategy ("none#2": a second
-`none`, the control that shows this machine's noise).  Prints each strategy's tokens/s
+`none`, the control that shows this machine's noise); a suffix "@key=value" sets an option
+of the dynamic budget ("ngram@free_max_draft=0": n-gram lookup without per-row drafting
+in packed batches).  Prints each strategy's tokens/s
 relative to `none` per workload and over all workloads ("RES" lines); docs/benchmarks.md
 quotes them.
 """
@@ -29,7 +31,18 @@ draft = load_model(default_draft_path(), dev, torch.float32)
 sets = lightspec_zoo.prompt_sets()
 wanted = sys.argv[4].split(",") if len(sys.argv) > 4 else list(sets)
 names = ["none"] + [s for s in strats if s != "none"]
-pipes = {name: MTPPipeline(target, tok, strategy=name.split("#")[0], draft_model=draft) for name in names}
+
+
+def make_pipe(name: str) -> MTPPipeline:
+    strategy, _, option = name.split("#")[0].partition("@")
+    budget = None
+    if option:
+        key, _, value = option.partition("=")
+        budget = {"type": "dynamic", key: float(value) if "." in value else int(value)}
+    return MTPPipeline(target, tok, strategy=strategy, draft_model=draft, budget=budget)
+
+
+pipes = {name: make_pipe(name) for name in names}
 totals = {name: [0, 0.0] for name in names}  # tokens, seconds
 for wname in wanted:
     ids = [tok(p)["input_ids"] for p in sets[wname][:8]]

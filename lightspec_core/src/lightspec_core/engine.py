@@ -30,7 +30,7 @@ from .lean_decoder import exact_lean_target
 from .model_parts import HiddenCapture
 from .sampling import SamplingParams, make_generator
 from .stats import StepStats
-from .verify import sample_next
+from .verify import StandardVerifier, greedy_cpu_lazy, sample_next
 
 log = logging.getLogger("lightspec.engine")
 
@@ -85,6 +85,13 @@ class Engine:
         lean = exact_lean_target(target) if lean_target else None
         self.runner = lean if lean is not None else target
         self.target_forward = "lean" if lean is not None else "hf"
+        # a ragged verify costs per real token, not per slot of the widest draft, where the
+        # lean forward packs the rows (lean_decoder's chained path); budget policies read it
+        self.packed_verify = lean is not None and lean.chained is not None
+        # greedy verification by the built-in verifier on the CPU: the lm_head only over the
+        # positions the walk reaches (verify.greedy_cpu_lazy), from the lean forward's hidden states
+        verifier = bound.components[1] if len(bound.components) > 1 else None
+        self.lazy_head = lean is not None and type(verifier) is StandardVerifier and torch.device(device).type == "cpu"
         self.keeps_logits = takes_logits_to_keep(self.runner)
         self.tokenizer = tokenizer
         self.bound = bound
@@ -194,7 +201,7 @@ class Engine:
                 hidden_states=hidden,
                 hidden_positions=hidden_valid,
                 deterministic=deterministic,
-                extras={"target_kv": kv, "draft_cost_hints": self._cost_hints()},
+                extras={"target_kv": kv, "draft_cost_hints": self._cost_hints(), "packed_verify": self.packed_verify},
             )
             # 1. budget (never draft past a row's max_new_tokens)
             failure = None
@@ -208,6 +215,7 @@ class Engine:
                     ctx.max_draft = torch.tensor(limits, device=dev)
                     ctx.max_draft_list = limits
                     ctx.min_confidence = budget.min_confidence
+                    ctx.min_accept = budget.min_accept
                     ctx.budget_by_source = budget.by_source
                     allowed = limits
                     if budget.free_max_draft is not None:  # model-free drafters may go further
@@ -215,7 +223,7 @@ class Engine:
                         ctx.free_max_draft_list = allowed
                     t_b = time.perf_counter()
                     # 2. draft
-                    if max(limits) > 0:
+                    if max(allowed) > 0:
                         proposal = self.bound.propose(ctx=ctx)
                         if proposal is not None:
                             proposal = self._check_proposal(proposal, nb, allowed)
@@ -242,10 +250,26 @@ class Engine:
                     inp_valid = None
             # 3. verify forward
             npos_before = kv.npos.clone()
-            out = kv.forward(inp, inp_valid)
+            lazy = proposal is not None and sampling.greedy and self.lazy_head
+            out = kv.forward(inp, inp_valid, head=False) if lazy else kv.forward(inp, inp_valid)
             logits = out.logits
             t_d = time.perf_counter()
-            if proposal is None:
+            head_s = [0.0]  # the lm_head's time in a lazy verify: the target's forward, not overhead
+            if lazy:  # the built-in greedy verify, the lm_head applied as far as the walk goes
+                def head(h, fn=self.runner._head, head_s=head_s):
+                    t = time.perf_counter()
+                    y = fn(h)
+                    head_s[0] += time.perf_counter() - t
+                    return y
+
+                try:
+                    result = greedy_cpu_lazy(proposal.tokens, proposal.lengths, out.hidden, head)
+                except Exception as exc:
+                    failure = f"verify failed: {type(exc).__name__}: {exc}"
+                    log.warning("strategy %r %s; falling back to plain decoding for this step", self.bound.name, failure)
+                    nxt = head(out.hidden[:, 0]).argmax(dim=-1)
+                    result = VerifyResult(torch.zeros(nb, dtype=torch.long, device=dev), nxt[:, None])
+            elif proposal is None:
                 nxt = sample_next(logits[:, 0], sampling, [verify_gens[b] for b in active])
                 result = VerifyResult(torch.zeros(nb, dtype=torch.long, device=dev), nxt[:, None])
             else:
@@ -296,7 +320,7 @@ class Engine:
                 conf = proposal.confidence[:, 0].tolist()
             if proposal is not None and proposal.entropy is not None:
                 ent = proposal.entropy[:, 0].tolist()
-            fwd_s = t_d - t_c
+            fwd_s = t_d - t_c + head_s[0]
             event = StepStats(
                 kind="step",
                 step=step,
@@ -314,7 +338,7 @@ class Engine:
                     "budget": t_b - t_a,
                     "draft": t_c - t_b,
                     "verify_forward": fwd_s,
-                    "accept": t_e - t_d,
+                    "accept": t_e - t_d - head_s[0],
                     "update": t_f - t_e,
                 },
                 target_forward_s=fwd_s,

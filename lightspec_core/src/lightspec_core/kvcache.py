@@ -21,14 +21,37 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 
 class SlabLayer(DynamicLayer):
-    """One layer's keys and values in a pre-allocated ``[B, H, capacity, D]`` slab."""
+    """One layer's keys and values in a pre-allocated ``[B, H, capacity, D]`` slab.
+
+    ``keys``/``values`` are views of the slab's used prefix, made when read: a step moves
+    ``length`` twice (the forward appends, the rollback truncates), and re-making the two
+    views of all layers each time cost ~20 us of a 2 ms step.  (Assignments to them, which
+    transformers' base class makes, are kept only while there is no slab.)"""
 
     def __init__(self, capacity: int = 256):
-        super().__init__()
-        self.capacity = capacity
-        self.length = 0
         self.k_slab: torch.Tensor | None = None
         self.v_slab: torch.Tensor | None = None
+        self.length = 0
+        super().__init__()
+        self.capacity = capacity
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        slab = self.k_slab
+        return self._keys if slab is None else slab[:, :, : self.length]
+
+    @keys.setter
+    def keys(self, value) -> None:
+        self._keys = value
+
+    @property
+    def values(self) -> torch.Tensor | None:
+        slab = self.v_slab
+        return self._values if slab is None else slab[:, :, : self.length]
+
+    @values.setter
+    def values(self, value) -> None:
+        self._values = value
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, H, _, D = key_states.shape
@@ -36,11 +59,6 @@ class SlabLayer(DynamicLayer):
         self.k_slab = key_states.new_zeros(B, H, self.capacity, D)
         self.v_slab = value_states.new_zeros(B, H, self.capacity, value_states.shape[-1])
         self.is_initialized = True
-        self._set_views()
-
-    def _set_views(self) -> None:
-        self.keys = self.k_slab[:, :, : self.length]
-        self.values = self.v_slab[:, :, : self.length]
 
     def _grow(self, needed: int) -> None:
         new_cap = max(needed, 2 * self.capacity)
@@ -61,7 +79,6 @@ class SlabLayer(DynamicLayer):
         self.k_slab[:, :, self.length : end] = key_states
         self.v_slab[:, :, self.length : end] = value_states
         self.length = end
-        self._set_views()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -74,14 +91,11 @@ class SlabLayer(DynamicLayer):
 
     def set_length(self, length: int) -> None:
         self.length = length
-        if self.is_initialized:
-            self._set_views()
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.is_initialized:
             self.k_slab = self.k_slab.index_select(0, indices)
             self.v_slab = self.v_slab.index_select(0, indices)
-            self._set_views()
 
     def gather_columns(self, index: torch.Tensor, new_length: int) -> None:
         """Rebuild the first ``new_length`` columns from ``index [B, new_length]`` (old column ids)."""

@@ -79,7 +79,8 @@ SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 @dataclass
 class LeanOutput:
-    logits: torch.Tensor  # [B, q, V]
+    logits: torch.Tensor | None  # [B, q, V]; None when the forward was asked for no lm_head
+    hidden: torch.Tensor | None = None  # [B, q, H]: the final norm's output, with head=False
 
 
 def linear_fn(linear: nn.Module) -> Linear:
@@ -284,11 +285,14 @@ class LeanDecoder:
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache=None, use_cache: bool = True, logits_to_keep: int = 0, last_positions: torch.Tensor | None = None,
-                **_ignored) -> LeanOutput:
+                head: bool = True, **_ignored) -> LeanOutput:
+        # head=False: the final norm's output only (``LeanOutput.hidden``); the caller applies
+        # the lm_head itself (``_head``), e.g. to the positions a greedy verify reaches
+        keep = logits_to_keep if head else None
         if self.chained is not None and _cache_ready(cache, len(self.layers), input_ids.shape[0]):
-            return self._forward_chained(input_ids, position_ids, attention_mask, cache, logits_to_keep, last_positions)
+            return self._forward_chained(input_ids, position_ids, attention_mask, cache, keep, last_positions)
         if not self.exact:
-            return self._forward_fast(input_ids, position_ids, attention_mask, cache, logits_to_keep, last_positions)
+            return self._forward_fast(input_ids, position_ids, attention_mask, cache, keep, last_positions)
         B, q = input_ids.shape
         D, H, Hkv = self.head_dim, self.n_heads, self.n_kv
         h = F.embedding(input_ids, self.embed.weight)
@@ -338,7 +342,7 @@ class LeanDecoder:
         h, normed = self.final_norm(h, pending)
         if len(self.layers) in self.record:
             self.states[len(self.layers)] = normed
-        return self._logits(normed, logits_to_keep, last_positions)
+        return self._logits(normed, keep, last_positions)
 
     __call__ = forward
 
@@ -384,12 +388,15 @@ class LeanDecoder:
             self.states[i] = state if rows is None else _unpack(state, rows, B, q)
         if rows is None:
             return self._logits(normed, logits_to_keep, last_positions)
-        if logits_to_keep or last_positions is not None:
+        if logits_to_keep is None or logits_to_keep or last_positions is not None:
             return self._logits(_unpack(normed, rows, B, q), logits_to_keep, last_positions)
         return LeanOutput(logits=_unpack(self._head(normed), rows, B, q))  # the lm_head on real tokens only
 
-    def _logits(self, h: torch.Tensor, logits_to_keep: int, last_positions: torch.Tensor | None = None) -> LeanOutput:
-        """Final hidden states ``[B, q, H]`` → logits ``[B, q or logits_to_keep or 1, V]``."""
+    def _logits(self, h: torch.Tensor, logits_to_keep: int | None, last_positions: torch.Tensor | None = None) -> LeanOutput:
+        """Final hidden states ``[B, q, H]`` → logits ``[B, q or logits_to_keep or 1, V]``
+        (``logits_to_keep=None``: no lm_head, the hidden states as ``LeanOutput.hidden``)."""
+        if logits_to_keep is None:
+            return LeanOutput(logits=None, hidden=h)
         if last_positions is not None:  # one position per row: [B, 1, H]
             h = h[torch.arange(h.shape[0], device=h.device), last_positions][:, None]
         elif logits_to_keep:  # as HF: logits of the last n positions only

@@ -63,6 +63,15 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return x
 
 
+def argmax_last(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` (int64; the first maximum, NaN counting as the largest), through
+    NumPy for float CPU tensors: PyTorch's CPU argmax took 22 us for 3 x 8,192 logits on
+    the 2-core VM, NumPy's 2.6 us, and greedy decoding takes one every step."""
+    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64) and not x.requires_grad:
+        return torch.from_numpy(x.numpy().argmax(-1))
+    return x.argmax(dim=-1)
+
+
 def exponential_noise(generators: list[torch.Generator], vocab: int, device) -> torch.Tensor:
     """Exp(1) noise ``[B, vocab]``, row b drawn from ``generators[b]``, for sampling a token
     as ``argmax(p / noise)`` (the exponential race: exactly a draw from ``p``).

@@ -183,7 +183,11 @@ class ModelDrafter:
         min_conf = ctx.min_confidence
         for j in range(k_max):
             p = torch.softmax(logits.float(), dim=-1)  # [B, V]
-            peak, arg = p.max(dim=-1)
+            if p.device.type == "cpu":  # NumPy's max and argmax: ~3 us each, PyTorch's max ~23 us
+                pn = p.numpy()
+                peak, arg = torch.from_numpy(pn.max(-1)), torch.from_numpy(pn.argmax(-1))
+            else:
+                peak, arg = p.max(dim=-1)
             if sampling.greedy:
                 tok = arg
             else:
