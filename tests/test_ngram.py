@@ -130,18 +130,3 @@ def test_a_looser_limit_for_free_drafters_lets_a_long_copy_go_past_k():
     d.reset()
     p = d.lightspec_propose(ctx=c)
     assert p is None or int(p.lengths[0]) <= 9
-
-
-def test_the_budgets_min_accept_raises_the_cut_for_a_packed_batch():
-    """``StepContext.min_accept`` (a packed batch's break-even): the draft is cut where the
-    chance that all of it is accepted falls below it; it never lowers the drafter's own."""
-    d = NgramDrafter()
-    c = ctx(LONG, k=0, free=16)
-    c.min_accept = 0.6
-    d.reset()
-    p = d.lightspec_propose(ctx=c)
-    assert p.tokens[0, : int(p.lengths[0])].tolist() == [14]  # 0.7 >= 0.6, 0.49 < 0.6
-    c.min_accept = 0.05  # below the drafter's own 0.2: its own threshold holds
-    d.reset()
-    p = d.lightspec_propose(ctx=c)
-    assert p.tokens[0, : int(p.lengths[0])].tolist() == [14, 15, 16, 17]

@@ -8,8 +8,7 @@ Usage: python scripts/ab/batch8.py TEMPERATURE ROUNDS STRATEGIES [WORKLOADS]
        python scripts/ab/batch8.py 0.8 8 hybrid,/tmp/hybrid_margin105.yaml code,edit
 A name with a suffix "#N" is another pipeline of the same strategy ("none#2": a second
 `none`, the control that shows this machine's noise); a suffix "@key=value" sets an option
-of the dynamic budget ("ngram@free_max_draft=0": n-gram lookup without per-row drafting
-in packed batches).  Prints each strategy's tokens/s
+of the dynamic budget ("hybrid@batch_margin=1.3": `hybrid` with a higher batch margin).  Prints each strategy's tokens/s
 relative to `none` per workload and over all workloads ("RES" lines); docs/benchmarks.md
 quotes them.
 """

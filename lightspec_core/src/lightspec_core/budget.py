@@ -106,10 +106,6 @@ GUARD_MEMORY = 0.5  # weight of the newest window in the per-kind record of guar
 SCALE_DECAY = 0.95  # per plain step: an unmeasured cost scale drifts back towards 1
 MAX_MARGIN = 2.0  # the most modelled gain a batch can be asked for before it drafts
 MAX_SCALE = 1.5  # the scale is for what the model misses; a slow period is the guard's hold's job
-# a packed batch's n-gram drafts: the least acceptance a drafted token needs before beta is
-# measured there (a verified token of an 8-row batch costs 0.6-0.7 of a plain token on the
-# 2-core VM: a batch's products are already past the weight reads that speculation shares)
-PACKED_MIN_ACCEPT = 0.5
 
 
 def _timed_drafters(event) -> dict[str, tuple[float, int]]:
@@ -243,7 +239,6 @@ class DynamicBudget:
         self.overhead: dict[bool, deque[float]] = {False: deque(maxlen=16), True: deque(maxlen=16)}
         self.spec_overhead = 0.0
         self.first_spec = True  # no speculative step yet in this generation
-        self.packed = False  # the engine's verify costs per real token (``packed_verify``)
 
     def reset(self) -> None:
         self._end_generation()
@@ -266,7 +261,6 @@ class DynamicBudget:
         B = ctx.batch
         taus = torch.tensor([self.threshold.get(r, self.base_confidence) for r in ctx.row_ids], device=ctx.device)
         self.deterministic = ctx.deterministic
-        self.packed = bool((ctx.extras or {}).get("packed_verify"))
         if ctx.deterministic:
             return self._reproducible(ctx, taus)
         self.last_k = 0
@@ -305,17 +299,8 @@ class DynamicBudget:
         # this match is (a 16-token copy holds far longer than a one-token match), and its
         # draft costs only verify width.  A batch keeps k: every row pays the widest verify.
         free = [max(k, self.free_max_draft)] if k and B == 1 and self.free_max_draft > k else None
-        min_accept = None
-        if B > 1 and self.packed and self.free_max_draft > 0 and any(c == 0.0 for c in self.hints.values()):
-            # A packed verify (the engine's ``packed_verify``): each row pays only for its own
-            # draft's tokens, so model-free drafters draft row by row, each token only while
-            # the chance that the row's draft is accepted up to it stays above what a
-            # verified token costs: beta plain tokens (with the measured cost scale; at
-            # least PACKED_MIN_ACCEPT before beta is measured in a batch)
-            min_accept = min(0.95, max(self.beta, PACKED_MIN_ACCEPT) * scale)
-            free = [max(k, self.free_max_draft)] * B
         return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus, by_source=by_source,
-                      free_max_draft=free, min_accept=min_accept)
+                      free_max_draft=free)
 
     def _reproducible(self, ctx: StepContext, taus: torch.Tensor) -> Budget:
         """Seeded sampling: each row's k from its own acceptance and timing-free costs (the
@@ -547,36 +532,27 @@ class DynamicBudget:
         ratio = gen.seconds / plain if plain > 0 else 1.0
         self.margin[gen.kind] = min(MAX_MARGIN, max(self.batch_margin, m * ratio))
 
-    def _verify_width(self, event) -> float:
-        """The verify width a step's forward time is fitted against: its slots per row, or,
-        for a packed verify of several rows, its real tokens per row (to 1/8)."""
-        rows = len(event.drafted)
-        if self.packed and rows > 1:
-            return 1.0 + round(8 * sum(event.drafted) / rows) / 8
-        return event.verify_tokens
-
     def _modelled_cost(self, event) -> float:
         """What the cost model says this speculative step costs, in plain steps: 1 plus the
         extra overhead plus the drafter's ``f + d * k`` plus ``beta * k`` for the verify."""
         k = event.drafted_max
-        width = self._verify_width(event) - 1.0  # the verify's extra width: k, or less when packed
         timed = _timed_drafters(event)
         if timed:  # model drafters that timed themselves: each at its own draft length
             drafting = sum(self.draft_fixed.get(src, 0.0) + self.draft_cost.get(src, self.prior_cost(src)) * n
                            for src, (_, n) in timed.items())
-            return 1.0 + self.spec_overhead + drafting + self.beta * width
+            return 1.0 + self.spec_overhead + drafting + self.beta * k
         srcs = {s for s, d in zip(event.sources, event.drafted) if d}
         src = srcs.pop() if len(srcs) == 1 else None
         if src in self.draft_cost:
             f, d = self.draft_fixed.get(src, 0.0), self.draft_cost[src]
         else:
             f, d = 0.0, min(self.draft_cost.values(), default=self.prior_draft_cost)
-        return 1.0 + self.spec_overhead + f + d * k + self.beta * width
+        return 1.0 + self.spec_overhead + f + (self.beta + d) * k
 
     def _learn_costs(self, event) -> None:
         """Update the cost estimates from one step's measurements."""
         if event.verify_tokens >= 1:
-            self.forward_samples.append((self._verify_width(event), event.target_forward_s))
+            self.forward_samples.append((event.verify_tokens, event.target_forward_s))
             self._fit_forward_cost()
         timed = _timed_drafters(event)
         if self.t1:

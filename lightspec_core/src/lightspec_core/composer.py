@@ -212,9 +212,7 @@ class Combination:
         prefix = None
         prefix_len = torch.zeros(ctx.batch, dtype=torch.long, device=ctx.device)
         for comp in self.components:
-            # a model-free drafter may still draft past an exhausted budget when the policy
-            # offers free limits (Budget.free_max_draft): it reads them itself
-            if max(budget) <= 0 and not (ctx.free_max_draft_list is not None and _model_free(comp)):
+            if max(budget) <= 0:
                 proposals.append(None)
                 continue
             sub = ctx.with_budget(torch.tensor(budget, device=ctx.device), list(budget))
@@ -371,11 +369,3 @@ class HybridStrategy(Combination):
         second = "draft_model" if env.draft_model is not None else "layerskip"
         self.components[1] = self.registry.create("strategy", second, max_draft=self.max_draft)
         super().setup(env)
-
-
-def _model_free(component) -> bool:
-    """Whether a component declares that its drafts cost nothing (``draft_cost_hints`` all 0:
-    n-gram lookup), so that only the verify's width prices them."""
-    hints = getattr(component, "draft_cost_hints", None)
-    values = list(hints().values()) if callable(hints) else []
-    return bool(values) and all(v == 0 for v in values)

@@ -85,9 +85,6 @@ class Engine:
         lean = exact_lean_target(target) if lean_target else None
         self.runner = lean if lean is not None else target
         self.target_forward = "lean" if lean is not None else "hf"
-        # a ragged verify costs per real token, not per slot of the widest draft, where the
-        # lean forward packs the rows (lean_decoder's chained path); budget policies read it
-        self.packed_verify = lean is not None and lean.chained is not None
         # greedy verification by the built-in verifier on the CPU: the lm_head only over the
         # positions the walk reaches (verify.greedy_cpu_lazy), from the lean forward's hidden states
         verifier = bound.components[1] if len(bound.components) > 1 else None
@@ -201,7 +198,7 @@ class Engine:
                 hidden_states=hidden,
                 hidden_positions=hidden_valid,
                 deterministic=deterministic,
-                extras={"target_kv": kv, "draft_cost_hints": self._cost_hints(), "packed_verify": self.packed_verify},
+                extras={"target_kv": kv, "draft_cost_hints": self._cost_hints()},
             )
             # 1. budget (never draft past a row's max_new_tokens)
             failure = None
@@ -215,7 +212,6 @@ class Engine:
                     ctx.max_draft = torch.tensor(limits, device=dev)
                     ctx.max_draft_list = limits
                     ctx.min_confidence = budget.min_confidence
-                    ctx.min_accept = budget.min_accept
                     ctx.budget_by_source = budget.by_source
                     allowed = limits
                     if budget.free_max_draft is not None:  # model-free drafters may go further
@@ -223,7 +219,7 @@ class Engine:
                         ctx.free_max_draft_list = allowed
                     t_b = time.perf_counter()
                     # 2. draft
-                    if max(allowed) > 0:
+                    if max(limits) > 0:
                         proposal = self.bound.propose(ctx=ctx)
                         if proposal is not None:
                             proposal = self._check_proposal(proposal, nb, allowed)

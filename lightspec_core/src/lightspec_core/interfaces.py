@@ -77,17 +77,12 @@ class Budget:
     free_max_draft: optional [B] Python ints >= max_draft — a looser limit for model-free
     drafters (n-gram lookup: a draft costs them nothing to make, only verify width), which
     cut their drafts themselves by how far they expect them to hold; ``None``: max_draft
-    limits every drafter.  Only drafters that read ``StepContext.free_max_draft_list`` use it.
-    min_accept: optional, for model-free drafters that estimate how likely each draft token
-    is to be accepted (n-gram lookup): cut a row's draft where the chance that all of it so
-    far is accepted falls below this (the break-even of a batch whose verify costs per real
-    token); ``None``: the drafter's own threshold."""
+    limits every drafter.  Only drafters that read ``StepContext.free_max_draft_list`` use it."""
 
     max_draft: torch.Tensor
     min_confidence: torch.Tensor
     by_source: dict[str, list[int]] = field(default_factory=dict)
     free_max_draft: list[int] | None = None
-    min_accept: float | None = None
 
 
 @dataclass
@@ -148,7 +143,6 @@ class StepContext:
     budget_by_source: per-component limits from the budget policy (see ``Budget.by_source``)
     free_max_draft_list: the looser limit for model-free drafters (``Budget.free_max_draft``),
                  or None: ``max_draft_list`` for every drafter
-    min_accept:  ``Budget.min_accept`` (None: each drafter's own threshold)
     deterministic: every request is seeded: budget policies must decide from acceptance
                  alone (not timing), so a seeded request reproduces exactly
     timer:       model drafters call ``timer.record(name, seconds, tokens, setup_s)``: the
@@ -174,7 +168,6 @@ class StepContext:
     prefix_lengths: torch.Tensor | None = None
     budget_by_source: dict[str, list[int]] = field(default_factory=dict)
     free_max_draft_list: list[int] | None = None
-    min_accept: float | None = None
     deterministic: bool = False  # seeded sampling: policies must not depend on timing
     timer: StepTimer = field(default_factory=StepTimer)  # drafters record their model forward time here
     extras: dict[str, Any] = field(default_factory=dict)

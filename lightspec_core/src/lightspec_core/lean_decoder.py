@@ -22,10 +22,13 @@ are the separate calls'), the residual add fused into the next norm, and q and k
 in one call that rounds exactly as HF's elementwise ops.  The zoo target's step then takes
 3.0-3.3 ms instead of 7.0 (one token over 400 cached, 1 thread, the 2-core VM).  Once the
 cache's slabs exist (after the first forward), each block runs as one ``cpu_decoder`` call
-that chains those kernels in C (``_forward_chained``; the SwiGLU activation between
-blocks stays a PyTorch op): the same values in the same order, so the same logits bit for
-bit, without ~25 Python-level calls per block: 1.9 ms per one-token step over 300 cached
-tokens.  ``LIGHTSPEC_CHAINED=0`` keeps the op-by-op forward.
+that chains those kernels in C (``_forward_chained``), and the whole step is one call
+where the C SwiGLU activation rounds as PyTorch's (checked at load): the same values in
+the same order, so the same logits bit for bit, without ~25 Python-level calls per block:
+1.9 ms per one-token step over 300 cached tokens.  ``LIGHTSPEC_CHAINED=0`` keeps the
+op-by-op forward.  ``forward(..., head=False)`` returns the final hidden states instead of
+logits (``LeanOutput.hidden``): the engine's greedy verify applies the lm_head (``_head``)
+only to the positions it reaches.
 
 Supported: ``llama``, ``mistral``, ``qwen2`` and ``qwen3`` without sliding-window
 attention (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention, optional q/k

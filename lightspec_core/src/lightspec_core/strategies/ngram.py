@@ -75,16 +75,13 @@ class NgramDrafter:
         prior = 0.7 if n >= 2 else 0.4
         return (self.taken[n][j] + PRIOR_WEIGHT * prior) / (self.reached[n][j] + PRIOR_WEIGHT)
 
-    def _cut(self, n: int, draft: list[int], learned: bool = True, floor: float | None = None) -> list[int]:
+    def _cut(self, n: int, draft: list[int], learned: bool = True) -> list[int]:
         """The longest prefix of ``draft`` whose estimated chance of full acceptance stays
-        at least ``min_accept``, or the budget's ``floor`` when that is higher (a batch
-        whose verify costs per real token: ``Budget.min_accept``); ``learned=False``: from
-        the priors alone."""
-        threshold = self.min_accept if floor is None else max(self.min_accept, floor)
+        at least ``min_accept`` (``learned=False``: from the priors alone)."""
         p = 1.0
         for j in range(len(draft)):
             p *= self.acceptance(n, j) if learned else (0.7 if n >= 2 else 0.4)
-            if p < threshold:
+            if p < self.min_accept:
                 return draft[:j]
         return draft
 
@@ -115,7 +112,7 @@ class NgramDrafter:
                 index = self.indexes[rid] = _RowIndex(self.min_ngram, self.max_ngram)
             n, draft = index.lookup(seq, limit, committed=len(ctx.sequences[b]))
             # seeded requests must not depend on what other requests taught the counts
-            draft = self._cut(n, draft, learned=not ctx.deterministic, floor=ctx.min_accept) if draft else draft
+            draft = self._cut(n, draft, learned=not ctx.deterministic) if draft else draft
             if draft:
                 self.pending[rid] = (n, len(draft))
             drafts.append(draft)
