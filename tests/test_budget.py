@@ -545,3 +545,31 @@ def test_static_budget():
     assert b.max_draft.tolist() == [3, 3] and b.min_confidence.tolist() == [0.0, 0.0]
     with pytest.raises(ValueError, match="k=-1 is invalid"):
         StaticBudget(k=-1)
+
+
+def test_a_batch_carries_its_hold_and_back_off_into_the_next_generation():
+    """Where speculation keeps losing on a kind of batch, the hold doubles from generation
+    to generation (it is not reset to 16 by each new batch), so probes get rarer."""
+    def slow(rows):
+        ev = step(2, T1 * 1.1, drafted=(1,) * rows, accepted=(1,) * rows, draft_s=0.01 * T1)
+        ev.step_time_s = 2.4 * T1
+        return ev
+
+    p = DynamicBudget(beta=0.1, draft_cost=0.01)
+    batch = [history(accepted=30, rejected=3)] * 8
+    k_of(p, batch)
+    p.lightspec_on_stats(step(1, T1))
+    holds = []
+    for _ in range(3):  # generations: plain while held, then a losing probe window
+        held = 0
+        while k_of(p, batch)[0] == 0:
+            held += 1
+            p.lightspec_on_stats(step(1, T1))
+        holds.append(held)
+        p.lightspec_on_stats(slow(8))
+        for _ in range(11):
+            k_of(p, batch)
+            p.lightspec_on_stats(slow(8))
+        p.reset()
+    assert holds == [0, 16, 32]
+    assert p.carried[(True, True)] == (64, 128)

@@ -47,7 +47,10 @@ remembers, per kind of batch (one row or several; greedy or sampled), how its re
 checks went (an average of spent / plain-equivalent time over the last few windows,
 across generations): when speculation was losing on that kind of batch, a new
 generation of the same kind starts with a 16-step hold, then probes.  At batch 8 a
-generation is only ~60 steps, and re-learning the loss in each one cost 5-15%.
+generation is only ~60 steps, and re-learning the loss in each one cost 5-15%.  Batches
+(several rows) also carry the hold and its back-off from one generation into the next
+(up to 512 steps), so where speculation keeps losing a batch probes about once in eight
+generations rather than in every one.
 
 A batch's guard measures "plain decoding" where it can: the mean of the generation's
 plain steps with as many rows (once there are 3), else the model's ``t1`` (one row keeps
@@ -102,6 +105,7 @@ POOL_DECAY = 0.98  # per step: the pooled acceptance reflects the last ~50 steps
 GUARD_WINDOW = 12  # speculative steps per throughput check
 GUARD_HOLD = 16  # plain steps after a check that speculation lost
 GUARD_MAX_HOLD = 128
+BATCH_MAX_HOLD = 512  # a batch's hold and back-off carry across generations (see ``reset``)
 GUARD_MEMORY = 0.5  # weight of the newest window in the per-kind record of guard checks
 SCALE_DECAY = 0.95  # per plain step: an unmeasured cost scale drifts back towards 1
 MAX_MARGIN = 2.0  # the most modelled gain a batch can be asked for before it drafts
@@ -211,6 +215,8 @@ class DynamicBudget:
         # per kind of batch (several rows?, greedy?): decayed mean of spent / plain-equivalent
         # time over recent guard windows, kept across generations
         self.guard_record: dict[tuple[bool, bool], float] = {}
+        # per kind of batch: (hold left, back-off) when its last generation ended
+        self.carried: dict[tuple[bool, bool], tuple[int, int]] = {}
         self.kind: tuple[bool, bool] | None = None  # the current generation's kind, set on its first step
         # per kind of batch: measured / modelled time of speculative steps (>= 1), from the
         # guard's windows; it scales the modelled cost of drafting (see ``_guard``)
@@ -247,7 +253,12 @@ class DynamicBudget:
         self.per_source.clear()
         self.recent.clear()
         self.threshold.clear()
-        # the guard judges each generation afresh: what lost on one batch of requests may pay on the next
+        # one row: the guard judges each generation afresh (what lost on one request may pay on
+        # the next).  A batch carries its hold and back-off into the next batch of its kind: a
+        # batch generation is only ~60 steps, and when every new one probed again, 12 losing
+        # steps per generation cost `hybrid` ~4% at batch 8 (lockstep, 0.956x `none`)
+        if self.kind is not None and self.kind[0]:
+            self.carried[self.kind] = (self.hold, self.backoff)
         self.spec_window.clear()
         self.hold = 0
         self.backoff = GUARD_HOLD
@@ -267,8 +278,10 @@ class DynamicBudget:
         if self.fresh:  # a new generation: start held where this kind of batch has been losing
             self.fresh = False
             self.kind = (B > 1, ctx.sampling.greedy)
+            if self.guard and self.kind in self.carried:
+                self.hold, self.backoff = self.carried[self.kind]
             if self.guard and self.guard_record.get(self.kind, 0.0) > 1.0:
-                self.hold = GUARD_HOLD
+                self.hold = max(self.hold, GUARD_HOLD)
         if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
             return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), taus)
         if self.hold > 0:  # the guard saw speculation lose: decode plainly for a while
@@ -472,7 +485,7 @@ class DynamicBudget:
             self.cost_scale[self.kind] = min(MAX_SCALE, max(1.0, (1 - GUARD_MEMORY) * old + GUARD_MEMORY * spent / modelled))
         if spent > plain:
             self.hold = self.backoff
-            self.backoff = min(2 * self.backoff, GUARD_MAX_HOLD)
+            self.backoff = min(2 * self.backoff, BATCH_MAX_HOLD if self.kind and self.kind[0] else GUARD_MAX_HOLD)
         else:
             self.backoff = GUARD_HOLD
 
