@@ -300,7 +300,7 @@ class DynamicBudget:
         k = self.best_k(accs, d, fixed=self.spec_overhead + f, hits=hits, scale=scale, margin=margin)
         self.last_k = k
         by_source: dict[str, list[int]] = {}
-        if k:
+        if k and len(self.draft_cost) > 1:  # per-source limits only matter between several drafters
             for src, cost in self.draft_cost.items():
                 prior = self.pooled_acceptance(src)
                 src_accs = [RowHistory(*self.per_source.get((rid, src), (0.0, 0.0))).acceptance(prior=prior)

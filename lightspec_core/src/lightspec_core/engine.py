@@ -28,7 +28,7 @@ from .interfaces import Budget, DraftProposal, RowHistory, StepContext, VerifyRe
 from .kvcache import BatchedKV, takes_logits_to_keep
 from .lean_decoder import exact_lean_target
 from .model_parts import HiddenCapture
-from .sampling import SamplingParams, make_generator
+from .sampling import SamplingParams, argmax_last, make_generator
 from .stats import StepStats
 from .verify import StandardVerifier, greedy_cpu_lazy, sample_next
 
@@ -222,7 +222,7 @@ class Engine:
                     if max(limits) > 0:
                         proposal = self.bound.propose(ctx=ctx)
                         if proposal is not None:
-                            proposal = self._check_proposal(proposal, nb, allowed)
+                            proposal, draft_lens, draft_rows = self._check_proposal(proposal, nb, allowed)
                 except Exception as exc:  # the step falls back to plain decoding
                     failure = f"propose failed: {type(exc).__name__}: {exc}"
                     log.warning("strategy %r %s; falling back to plain decoding for this step", self.bound.name, failure)
@@ -232,25 +232,27 @@ class Engine:
             t_c = time.perf_counter()
             if proposal is not None and proposal.max_len == 0:
                 proposal = None
-            pending = torch.tensor([r.tokens[-1] for r in act_rows], device=dev)
+            # the verify's input from Python lists: one tensor each (a few tensor ops per step
+            # are several percent of a 2 ms step, and they run on caches the forward evicted)
+            last = [r.tokens[-1] for r in act_rows]
             if proposal is None:
-                inp = pending[:, None]
+                inp = torch.tensor(last, device=dev)[:, None]
                 inp_valid = None
                 K = 0
             else:
                 K = proposal.max_len
-                inp = torch.cat([pending[:, None], proposal.tokens], dim=1)
-                slot = torch.arange(K + 1, device=dev)
-                inp_valid = slot[None, :] <= proposal.lengths[:, None]
-                if bool(inp_valid.all()):
-                    inp_valid = None
+                inp = torch.tensor([[t] + row for t, row in zip(last, draft_rows)], device=dev)
+                inp_valid = None
+                if any(n < K for n in draft_lens):
+                    inp_valid = torch.tensor([[j <= n for j in range(K + 1)] for n in draft_lens], device=dev)
             # 3. verify forward
-            npos_before = kv.npos.clone()
+            npos_before = kv.npos.tolist()
             lazy = proposal is not None and sampling.greedy and self.lazy_head
             out = kv.forward(inp, inp_valid, head=False) if lazy else kv.forward(inp, inp_valid)
             logits = out.logits
             t_d = time.perf_counter()
             head_s = [0.0]  # the lm_head's time in a lazy verify: the target's forward, not overhead
+            verified = None  # the lazy verify's (accepted, emitted) as Python lists
             if lazy:  # the built-in greedy verify, the lm_head applied as far as the walk goes
                 def head(h, fn=self.runner._head, head_s=head_s):
                     t = time.perf_counter()
@@ -259,12 +261,11 @@ class Engine:
                     return y
 
                 try:
-                    result = greedy_cpu_lazy(proposal.tokens, proposal.lengths, out.hidden, head)
+                    verified = greedy_cpu_lazy(draft_rows, draft_lens, out.hidden, head, as_lists=True)
                 except Exception as exc:
                     failure = f"verify failed: {type(exc).__name__}: {exc}"
                     log.warning("strategy %r %s; falling back to plain decoding for this step", self.bound.name, failure)
-                    nxt = head(out.hidden[:, 0]).argmax(dim=-1)
-                    result = VerifyResult(torch.zeros(nb, dtype=torch.long, device=dev), nxt[:, None])
+                    verified = ([0] * nb, argmax_last(head(out.hidden[:, 0])).view(nb, 1).tolist())
             elif proposal is None:
                 nxt = sample_next(logits[:, 0], sampling, [verify_gens[b] for b in active])
                 result = VerifyResult(torch.zeros(nb, dtype=torch.long, device=dev), nxt[:, None])
@@ -281,11 +282,13 @@ class Engine:
                 ctx.generators = [draft_gens[b] for b in active]
             t_e = time.perf_counter()
             # 4. roll back rejected slots, append what was emitted
-            kv.truncate(npos_before + 1 + result.accepted)
-            accepted = result.accepted.tolist()
-            emitted_rows = result.emitted.tolist()
+            if verified is not None:
+                accepted, emitted_rows = verified
+            else:
+                accepted, emitted_rows = result.accepted.tolist(), result.emitted.tolist()
+            kv.truncate(torch.tensor([n + 1 + a for n, a in zip(npos_before, accepted)], device=dev))
             outputs = []
-            drafted = proposal.lengths.tolist() if proposal is not None else [0] * nb
+            drafted = list(draft_lens) if proposal is not None else [0] * nb
             emitted_counts = []
             for i, b in enumerate(active):
                 a = accepted[i]
@@ -301,7 +304,7 @@ class Engine:
                 h.steps += 1
             if self.capture:
                 hidden = dict(self.capture.states)
-                hidden_valid = result.accepted + 1
+                hidden_valid = torch.tensor([a + 1 for a in accepted], device=dev)
             t_f = time.perf_counter()
             # statistics
             step_s = t_f - t_step
@@ -364,12 +367,13 @@ class Engine:
         hints = getattr(strategy, "draft_cost_hints", None)
         return hints() if callable(hints) else {}
 
-    def _check_proposal(self, p: DraftProposal, batch: int, limits: list[int]) -> DraftProposal:
-        """Validate a proposal; return it with its padding (beyond each row's length) zeroed."""
+    def _check_proposal(self, p: DraftProposal, batch: int, limits: list[int]) -> tuple[DraftProposal, list[int], list[list[int]]]:
+        """Validate a proposal; return it with its padding (beyond each row's length) zeroed,
+        and its lengths and token rows (padding zeroed) as Python lists."""
         if p.tokens.shape[0] != batch:
             raise ValueError(f"proposal has {p.tokens.shape[0]} rows, the batch has {batch}")
         if p.max_len == 0:
-            return p
+            return p, [0] * batch, [[] for _ in range(batch)]
         # on Python lists: one device sync instead of a handful of tensor ops per step
         lens, rows = p.lengths.tolist(), p.tokens.tolist()
         padded = False
@@ -382,9 +386,10 @@ class Engine:
         if padded:  # zero what lies beyond each row's length
             real = torch.arange(p.max_len, device=p.tokens.device)[None, :] < p.lengths[:, None]
             p.tokens = torch.where(real, p.tokens, 0)
+            rows = [row[:n] + [0] * (p.max_len - n) for n, row in zip(lens, rows)]
         if p.probs is not None and p.probs.shape[-1] != self.vocab_size:
             raise ValueError(f"proposal probs have vocabulary {p.probs.shape[-1]}, the target has {self.vocab_size}")
-        return p
+        return p, lens, rows
 
     def _emit(self, row: RowState, new: list[int], eos_ids: set[int]) -> StepOutput:
         """Append ``new`` tokens to ``row`` up to the first stop; return what was kept."""

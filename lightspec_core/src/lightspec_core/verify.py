@@ -68,17 +68,21 @@ def greedy_cpu(tokens: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor
                         torch.tensor(emitted, dtype=torch.long, device=dev).view(B, K + 1))
 
 
-def greedy_cpu_lazy(tokens: torch.Tensor, lengths: torch.Tensor, hidden: torch.Tensor,
-                    head: Callable[[torch.Tensor], torch.Tensor], first: int = 3, step: int = 4) -> VerifyResult:
+def greedy_cpu_lazy(tokens: torch.Tensor | list[list[int]], lengths: torch.Tensor | list[int], hidden: torch.Tensor,
+                    head: Callable[[torch.Tensor], torch.Tensor], first: int = 3, step: int = 4,
+                    as_lists: bool = False) -> VerifyResult | tuple[list[int], list[list[int]]]:
     """``greedy_cpu`` from the target's final hidden states ``hidden [B, K+1, H]``, applying
     its lm_head ``head`` (``[B, n, H]`` → ``[B, n, V]``) only to the positions the walk
     reaches: ``first`` positions, then ``step`` more at a time while some row is still
     accepting.  A wide n-gram draft is mostly rejected early, and the lm_head over 17
     positions cost the zoo target ~1 ms of a ~3 ms verify.  Each position's logits are the
     same numbers a full pass gives (LightSpec's CPU products compute every row on its own),
-    so the result is ``greedy_cpu``'s."""
-    B, K = tokens.shape
-    drafts, lens = tokens.tolist(), lengths.tolist()
+    so the result is ``greedy_cpu``'s.  ``tokens``/``lengths`` may be given as Python lists
+    (``[B][K]``, ``[B]``); ``as_lists``: return ``(accepted [B], emitted [B][K+1])`` as
+    Python lists instead of a ``VerifyResult`` (the engine's loop wants lists)."""
+    drafts = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
+    lens = lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths
+    B, K = hidden.shape[0], hidden.shape[1] - 1
     accepted = [0] * B
     emitted: list[list[int] | None] = [None] * B
     j0, size = 0, first
@@ -96,7 +100,9 @@ def greedy_cpu_lazy(tokens: torch.Tensor, lengths: torch.Tensor, hidden: torch.T
                 emitted[b] = drafts[b][:j] + [t] + [-1] * (K - j)
                 break
         j0, size = j1, step
-    dev = tokens.device
+    if as_lists:
+        return accepted, emitted
+    dev = hidden.device
     return VerifyResult(torch.tensor(accepted, dtype=torch.long, device=dev),
                         torch.tensor(emitted, dtype=torch.long, device=dev).view(B, K + 1))
 
