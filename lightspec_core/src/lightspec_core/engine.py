@@ -286,7 +286,7 @@ class Engine:
                 accepted, emitted_rows = verified
             else:
                 accepted, emitted_rows = result.accepted.tolist(), result.emitted.tolist()
-            kv.truncate(torch.tensor([n + 1 + a for n, a in zip(npos_before, accepted)], device=dev))
+            kv.truncate([n + 1 + a for n, a in zip(npos_before, accepted)])
             outputs = []
             drafted = list(draft_lens) if proposal is not None else [0] * nb
             emitted_counts = []

@@ -195,16 +195,19 @@ class BatchedKV:
             **model_kwargs,
         )
 
-    def truncate(self, keep: torch.Tensor) -> None:
-        """Keep only the first ``keep[b]`` tokens of each row (``keep [B]`` int64)."""
+    def truncate(self, keep: torch.Tensor | list[int]) -> None:
+        """Keep only the first ``keep[b]`` tokens of each row (``keep [B]`` int64, or a list
+        of Python ints: a single row without holes then needs no tensor at all)."""
         if self.cols == 0:
             return
         if not self.has_holes and self.batch == 1:
             n = int(keep[0])
             self.cols = n
-            self.npos.copy_(keep)
+            self.npos.fill_(n)
             self.cache.set_length(n)
             return
+        if not isinstance(keep, torch.Tensor):
+            keep = torch.tensor(keep, dtype=torch.long, device=self.device)
         valid = self.valid[:, : self.cols]
         counts = valid.long().cumsum(1)
         valid &= counts <= keep[:, None]
