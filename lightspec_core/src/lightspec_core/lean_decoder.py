@@ -25,7 +25,7 @@ cache's slabs exist (after the first forward), each block runs as one ``cpu_deco
 that chains those kernels in C (``_forward_chained``), and the whole step is one call
 where the C SwiGLU activation rounds as PyTorch's (checked at load): the same values in
 the same order, so the same logits bit for bit, without ~25 Python-level calls per block:
-1.9 ms per one-token step over 300 cached tokens.  ``LIGHTSPEC_CHAINED=0`` keeps the
+1.9 ms per one-token step over 400 cached tokens.  ``LIGHTSPEC_CHAINED=0`` keeps the
 op-by-op forward.  ``forward(..., head=False)`` returns the final hidden states instead of
 logits (``LeanOutput.hidden``): the engine's greedy verify applies the lm_head (``_head``)
 only to the positions it reaches.
