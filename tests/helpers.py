@@ -8,6 +8,8 @@
 * ``save_tiny(path)`` both saved into one folder, loadable with ``from_pretrained``.
 * ``hf_reference(model, tok, prompt, n)`` HF ``generate(do_sample=False)`` with an
   explicit attention mask, eos disabled: the lossless reference.
+* ``ragged_steps(kv, ...)`` forwards through a ``BatchedKV`` of 3 rows that exercise
+  padding holes, per-row rollback and ragged appends (lean-forward comparisons).
 """
 
 from __future__ import annotations
@@ -131,3 +133,23 @@ def forget_discovered_plugins() -> None:
         _cache._c._internal.clear()
     except (ImportError, AttributeError):
         pass
+
+
+def ragged_steps(kv, seed: int = 0, one_token_steps: int = 1, wide: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Through ``kv`` (a ``BatchedKV`` of 3 rows): a ragged prefill, a per-row rollback, a
+    ragged append, ``one_token_steps`` one-token steps and, if ``wide``, a ``wide``-token
+    step; returns (logits, which positions are real) for each forward."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 500, (3, 9), generator=g)
+    valid = torch.ones(3, 9, dtype=torch.bool)
+    valid[1, 6:] = False
+    valid[2, 4:] = False
+    out = [(kv.forward(ids, valid).logits, valid)]
+    kv.truncate(torch.tensor([5, 3, 4]))
+    valid2 = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+    out.append((kv.forward(ids[:, :3], valid2).logits, valid2))
+    for j in range(one_token_steps):
+        out.append((kv.forward(ids[:, j : j + 1]).logits, torch.ones(3, 1, dtype=torch.bool)))
+    if wide:
+        out.append((kv.forward(ids[:, :wide]).logits, torch.ones(3, wide, dtype=torch.bool)))
+    return out

@@ -35,6 +35,13 @@ def history(accepted: float, rejected: float) -> RowHistory:
     return RowHistory(accepted=accepted, rejected=rejected)
 
 
+def slow_step(rows: int) -> StepStats:
+    """A speculative step of ``rows`` rows that took 2.4 plain steps for 2 tokens per row."""
+    ev = step(2, T1 * 1.1, drafted=(1,) * rows, accepted=(1,) * rows, draft_s=0.01 * T1)
+    ev.step_time_s = 2.4 * T1
+    return ev
+
+
 def k_of(policy, histories) -> list[int]:
     return policy.lightspec_budget(ctx(histories)).max_draft.tolist()
 
@@ -307,18 +314,13 @@ def test_the_guard_remembers_losses_per_kind_of_batch_across_generations():
     """A generation of several rows where speculation lost makes the next one of the same
     kind start with a 16-step hold (then probe); one row, or a kind that was winning,
     starts drafting at once."""
-    def slow(rows):
-        ev = step(2, T1 * 1.1, drafted=(1,) * rows, accepted=(1,) * rows, draft_s=0.01 * T1)
-        ev.step_time_s = 2.4 * T1
-        return ev
-
     p = DynamicBudget(beta=0.1, draft_cost=0.01)
     batch = [history(accepted=30, rejected=3)] * 8
     k_of(p, batch)  # the generation's first step: calibration
     p.lightspec_on_stats(step(1, T1))
     for _ in range(12):
         assert k_of(p, batch)[0] >= 1
-        p.lightspec_on_stats(slow(8))
+        p.lightspec_on_stats(slow_step(8))
     assert p.guard_record[(True, True)] > 1.0
     p.reset()  # next generation, same kind: held for 16 steps, then probing
     for _ in range(16):
@@ -550,11 +552,6 @@ def test_static_budget():
 def test_a_batch_carries_its_hold_and_back_off_into_the_next_generation():
     """Where speculation keeps losing on a kind of batch, the hold doubles from generation
     to generation (it is not reset to 16 by each new batch), so probes get rarer."""
-    def slow(rows):
-        ev = step(2, T1 * 1.1, drafted=(1,) * rows, accepted=(1,) * rows, draft_s=0.01 * T1)
-        ev.step_time_s = 2.4 * T1
-        return ev
-
     p = DynamicBudget(beta=0.1, draft_cost=0.01)
     batch = [history(accepted=30, rejected=3)] * 8
     k_of(p, batch)
@@ -566,10 +563,10 @@ def test_a_batch_carries_its_hold_and_back_off_into_the_next_generation():
             held += 1
             p.lightspec_on_stats(step(1, T1))
         holds.append(held)
-        p.lightspec_on_stats(slow(8))
+        p.lightspec_on_stats(slow_step(8))
         for _ in range(11):
             k_of(p, batch)
-            p.lightspec_on_stats(slow(8))
+            p.lightspec_on_stats(slow_step(8))
         p.reset()
     assert holds == [0, 16, 32]
     assert p.carried[(True, True)] == (64, 128)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import ragged_steps
 from lightspec_core.cpu_norm import use_cpu_norms
 from lightspec_core.hf_attention import use_cpu_attention
 from lightspec_core.kvcache import BatchedKV
@@ -28,21 +29,9 @@ def _kernel_model(arch: str, **overrides):
 
 
 def _steps(kv: BatchedKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """A ragged prefill, a per-row rollback, a ragged append (holes), one-token steps past the
-    slab's capacity (growth) and a verify-wide step; (logits, real positions) per forward."""
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 500, (3, 9), generator=g)
-    valid = torch.ones(3, 9, dtype=torch.bool)
-    valid[1, 6:] = False
-    valid[2, 4:] = False
-    out = [(kv.forward(ids, valid).logits, valid)]
-    kv.truncate(torch.tensor([5, 3, 4]))
-    valid2 = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
-    out.append((kv.forward(ids[:, :3], valid2).logits, valid2))
-    for j in range(6):
-        out.append((kv.forward(ids[:, j : j + 1]).logits, torch.ones(3, 1, dtype=torch.bool)))
-    out.append((kv.forward(ids[:, :5]).logits, torch.ones(3, 5, dtype=torch.bool)))
-    return out
+    """``helpers.ragged_steps``, then one-token steps past the slab's capacity (growth) and
+    a verify-wide step; (logits, real positions) per forward."""
+    return ragged_steps(kv, seed=1, one_token_steps=6, wide=5)
 
 
 def _run(runner, capacity: int = 12):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import ragged_steps
 from lightspec_core.kvcache import BatchedKV
 from lightspec_core.lean_decoder import exact_lean_target, lean_decoder
 from lightspec_core.strategies.model_drafter import LayerSkipDrafter, ModelDrafter
@@ -18,17 +19,7 @@ CPU = torch.device("cpu")
 def _steps(kv: BatchedKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A ragged prefill, a per-row rollback, a ragged append and a single-token step;
     returns (logits, which positions are real) for each forward."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 500, (3, 9), generator=g)
-    valid = torch.ones(3, 9, dtype=torch.bool)
-    valid[1, 6:] = False
-    valid[2, 4:] = False
-    out = [(kv.forward(ids, valid).logits, valid)]
-    kv.truncate(torch.tensor([5, 3, 4]))
-    valid2 = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
-    out.append((kv.forward(ids[:, :3], valid2).logits, valid2))
-    out.append((kv.forward(ids[:, :1]).logits, torch.ones(3, 1, dtype=torch.bool)))
-    return out
+    return ragged_steps(kv, seed=0)
 
 
 def _assert_steps_match(reference, runner) -> None:
