@@ -245,6 +245,7 @@ class DynamicBudget:
         self.overhead: dict[bool, deque[float]] = {False: deque(maxlen=16), True: deque(maxlen=16)}
         self.spec_overhead = 0.0
         self.first_spec = True  # no speculative step yet in this generation
+        self._tensors: dict[tuple, torch.Tensor] = {}  # _tensor's cache
 
     def reset(self) -> None:
         self._end_generation()
@@ -270,7 +271,7 @@ class DynamicBudget:
     @hookimpl
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
-        taus = torch.tensor([self.threshold.get(r, self.base_confidence) for r in ctx.row_ids], device=ctx.device)
+        taus = self._tensor(tuple(self.threshold.get(r, self.base_confidence) for r in ctx.row_ids), ctx.device)
         self.deterministic = ctx.deterministic
         if ctx.deterministic:
             return self._reproducible(ctx, taus)
@@ -283,10 +284,10 @@ class DynamicBudget:
             if self.guard and self.guard_record.get(self.kind, 0.0) > 1.0:
                 self.hold = max(self.hold, GUARD_HOLD)
         if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
-            return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), taus)
+            return Budget(self._tensor((0,) * B, ctx.device), taus)
         if self.hold > 0:  # the guard saw speculation lose: decode plainly for a while
             self.hold -= 1
-            return Budget(torch.zeros(B, dtype=torch.long, device=ctx.device), taus)
+            return Budget(self._tensor((0,) * B, ctx.device), taus)
         accs = [h.acceptance(prior=self.pooled_acceptance("")) for h in ctx.history]
         hits = [self.hit_rate(rid) for rid in ctx.row_ids]
         # the cheapest drafter (by the cost of a one-token draft) decides whether to draft at all
@@ -312,8 +313,21 @@ class DynamicBudget:
         # this match is (a 16-token copy holds far longer than a one-token match), and its
         # draft costs only verify width.  A batch keeps k: every row pays the widest verify.
         free = [max(k, self.free_max_draft)] if k and B == 1 and self.free_max_draft > k else None
-        return Budget(torch.full((B,), k, dtype=torch.long, device=ctx.device), taus, by_source=by_source,
+        return Budget(self._tensor((k,) * B, ctx.device), taus, by_source=by_source,
                       free_max_draft=free)
+
+    def _tensor(self, values: tuple, device) -> torch.Tensor:
+        """A tensor of ``values`` (int64 for ints, float32 for floats), made once and then
+        reused: a budget returns the same few small tensors step after step, and a tensor
+        made right after a forward costs ~5 us on a cold cache.  Read-only by contract
+        (``Budget.max_draft`` and ``min_confidence`` are never written in place)."""
+        key = (values, str(device))
+        t = self._tensors.get(key)
+        if t is None:
+            if len(self._tensors) > 256:
+                self._tensors.clear()
+            t = self._tensors[key] = torch.tensor(values, device=device)
+        return t
 
     def _reproducible(self, ctx: StepContext, taus: torch.Tensor) -> Budget:
         """Seeded sampling: each row's k from its own acceptance and timing-free costs (the
