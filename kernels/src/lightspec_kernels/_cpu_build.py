@@ -99,6 +99,30 @@ def library(source: Path) -> tuple[ctypes.CDLL | None, str | None]:
     return _loaded[name]
 
 
+class Kernel:
+    """A kernel library whose ctypes signatures are set once, on first use.
+
+    ``signatures``: ``{function name: (argtypes, restype)}``.  ``get()`` returns the loaded
+    library, or ``None`` when it cannot be built here (``library``'s reason says why);
+    ``lib`` is the library once ``get()`` succeeded (for hot paths that checked before)."""
+
+    def __init__(self, source: Path, signatures: dict[str, tuple[list, object]]):
+        self.source, self.signatures = source, signatures
+        self.lib: ctypes.CDLL | None = None
+        self.configured = False
+
+    def get(self) -> ctypes.CDLL | None:
+        if self.configured:
+            return self.lib
+        lib, _ = library(self.source)
+        if lib is not None:
+            for name, (argtypes, restype) in self.signatures.items():
+                fn = getattr(lib, name)
+                fn.argtypes, fn.restype = argtypes, restype
+        self.lib, self.configured = lib, True
+        return lib
+
+
 def forget() -> None:
     """Drop the loaded libraries' records (tests: rebuild under another environment)."""
     with _lock:

@@ -50,8 +50,6 @@ from .cpu_linear import PackedWeight
 
 _SOURCE = Path(__file__).with_name("cpu_decoder.c")
 _F32 = torch.float32
-_lib: ctypes.CDLL | None = None
-_configured = False
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 
 
@@ -69,29 +67,20 @@ class _Model(ctypes.Structure):
                 ("scale", ctypes.c_float), ("norm", _ptr), ("rotary", _ptr), ("attention", _ptr)]
 
 
+_P = ctypes.POINTER
+_kernel = _cpu_build.Kernel(_SOURCE, {
+    "ls_front_work": ([_P(_Model), _i64], _i64),
+    "ls_block_front": ([_P(_Model), _P(_Block), _P(_Proj), _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr,
+                        _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], ctypes.c_int),
+    "ls_block_tail": ([_P(_Model), _P(_Proj), _ptr, ctypes.c_float, _i64, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], None),
+    "ls_silu_mul": ([_ptr, _i64, _i64, _ptr], None),
+    "ls_decoder_run": ([_P(_Model), _ptr, _i64, _ptr, ctypes.c_float, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr,
+                        _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], ctypes.c_int),
+})
+
+
 def _library() -> ctypes.CDLL | None:
-    global _lib, _configured
-    if _configured:
-        return _lib
-    lib, _ = _cpu_build.library(_SOURCE)
-    if lib is not None:
-        p = ctypes.POINTER
-        lib.ls_front_work.argtypes = [p(_Model), _i64]
-        lib.ls_front_work.restype = _i64
-        lib.ls_block_front.argtypes = [p(_Model), p(_Block), p(_Proj), _i64, _i64, _ptr, _i64, _i64, _i64, _ptr,
-                                       _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int]
-        lib.ls_block_front.restype = ctypes.c_int
-        lib.ls_block_tail.argtypes = [p(_Model), p(_Proj), _ptr, ctypes.c_float, _i64, _ptr, _ptr, _ptr, _ptr,
-                                      ctypes.c_int]
-        lib.ls_block_tail.restype = None
-        lib.ls_silu_mul.argtypes = [_ptr, _i64, _i64, _ptr]
-        lib.ls_silu_mul.restype = None
-        lib.ls_decoder_run.argtypes = [p(_Model), _ptr, _i64, _ptr, ctypes.c_float, _i64, _i64, _ptr, _i64, _i64,
-                                       _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr,
-                                       ctypes.c_int]
-        lib.ls_decoder_run.restype = ctypes.c_int
-    _lib, _configured = lib, True
-    return lib
+    return _kernel.get()
 
 
 def available() -> bool:

@@ -30,23 +30,15 @@ from . import _cpu_build
 
 _SOURCE = Path(__file__).with_name("cpu_norm_rope.c")
 _F32 = torch.float32
-_lib: ctypes.CDLL | None = None
-_configured = False
+_I64, _PTR = ctypes.c_int64, ctypes.c_void_p
+_kernel = _cpu_build.Kernel(_SOURCE, {
+    "ls_rms_norm": ([_PTR, _I64, _PTR, _I64, _PTR, _I64, _I64, _I64, _PTR, ctypes.c_float, _PTR, _I64], None),
+    "ls_rotary": ([_PTR, _I64, _I64, _I64, _I64, _I64, _I64, _I64, _PTR, _PTR, _I64, _I64, _PTR], None),
+})
 
 
 def _library() -> ctypes.CDLL | None:
-    global _lib, _configured
-    if _configured:
-        return _lib
-    lib, _ = _cpu_build.library(_SOURCE)
-    if lib is not None:
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.ls_rms_norm.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, i64, ptr, ctypes.c_float, ptr, i64]
-        lib.ls_rms_norm.restype = None
-        lib.ls_rotary.argtypes = [ptr, i64, i64, i64, i64, i64, i64, i64, ptr, ptr, i64, i64, ptr]
-        lib.ls_rotary.restype = None
-        _lib, _configured = lib, True
-    return lib
+    return _kernel.get()
 
 
 def available() -> bool:
@@ -86,7 +78,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     tensors = (x, weight) if residual is None else (x, weight, residual)
     if not _use_kernel(*tensors):
         return rms_norm_ref(x, weight, eps, residual)
-    lib = _lib
+    lib = _kernel.lib
     x2 = _rows(x, H)
     rows = x2.shape[0]
     y = torch.empty(x.shape, dtype=_F32)
@@ -113,7 +105,7 @@ def rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x [B, N, Q, D]`` (any strides), ``cos, sin [B or 1, Q, D]`` → ``[B, N, Q, D]``, as
     ``rotary_ref`` bit for bit."""
-    lib = _lib if _configured else _library()
+    lib = _kernel.get()
     if (lib is not None and x.dim() == 4 and x.dtype is _F32 and cos.dtype is _F32 and sin.dtype is _F32
             and x.device.type == "cpu" and cos.device.type == "cpu" and sin.device.type == "cpu"
             and cos.dim() == 3 and cos.shape == sin.shape and os.environ.get("LIGHTSPEC_KERNELS") != "torch"):
@@ -146,7 +138,7 @@ def bind_rms_norm(weight: torch.Tensor, eps: float):
         raise ValueError(f"weight must be 1-D [H], got shape {tuple(weight.shape)}")
     if not _use_kernel(weight):
         return lambda x, residual=None: rms_norm_ref(x, weight, eps, residual)
-    fn, w = _lib.ls_rms_norm, weight.detach().contiguous()
+    fn, w = _kernel.lib.ls_rms_norm, weight.detach().contiguous()
     wptr, empty, f32 = w.data_ptr(), torch.empty, _F32
 
     def norm(x: torch.Tensor, residual: torch.Tensor | None = None):
