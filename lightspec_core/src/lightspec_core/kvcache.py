@@ -20,6 +20,23 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 
+class _SlabView:
+    """``SlabLayer.keys``/``values``: the used prefix of the layer's slab, as a view made when
+    read; what is assigned to it is kept only while the layer has no slab."""
+
+    def __init__(self, slab: str):
+        self.slab, self.stored = slab, "_" + slab + "_assigned"
+
+    def __get__(self, layer, owner=None):
+        if layer is None:
+            return self
+        slab = getattr(layer, self.slab)
+        return getattr(layer, self.stored, None) if slab is None else slab[:, :, : layer.length]
+
+    def __set__(self, layer, value) -> None:
+        setattr(layer, self.stored, value)
+
+
 class SlabLayer(DynamicLayer):
     """One layer's keys and values in a pre-allocated ``[B, H, capacity, D]`` slab.
 
@@ -35,23 +52,8 @@ class SlabLayer(DynamicLayer):
         super().__init__()
         self.capacity = capacity
 
-    @property
-    def keys(self) -> torch.Tensor | None:
-        slab = self.k_slab
-        return self._keys if slab is None else slab[:, :, : self.length]
-
-    @keys.setter
-    def keys(self, value) -> None:
-        self._keys = value
-
-    @property
-    def values(self) -> torch.Tensor | None:
-        slab = self.v_slab
-        return self._values if slab is None else slab[:, :, : self.length]
-
-    @values.setter
-    def values(self, value) -> None:
-        self._values = value
+    keys = _SlabView("k_slab")
+    values = _SlabView("v_slab")
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         B, H, _, D = key_states.shape
