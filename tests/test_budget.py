@@ -203,7 +203,57 @@ def test_a_batch_shares_one_draft_length():
     assert len(set(ks)) == 1
     alone = k_of(p, one_good[:1])[0]
     assert alone >= 3 and ks[0] < alone  # one confident row cannot make seven others pay for a wide verify
-    assert len(set(k_of(p, [history(40, 1)] * 8))) == 1 and k_of(p, [history(40, 1)] * 8)[0] >= 3
+    fresh = DynamicBudget(beta=0.3, draft_cost=0.05)
+    fresh.lightspec_on_stats(step(1, T1))
+    ks = k_of(fresh, [history(40, 1)] * 8)
+    assert len(set(ks)) == 1 and ks[0] >= 3
+
+
+def test_a_batch_that_chose_plain_decoding_decides_again_after_recheck_steps():
+    """Deciding costs ~1% of a batch-8 step and its inputs move little per step: after a
+    batch chose k = 0 the next RECHECK steps of that batch stay plain, then it decides
+    again (and a batch of another size decides at once)."""
+    from lightspec_core.budget import RECHECK
+
+    p = DynamicBudget(beta=0.3, draft_cost=0.05)
+    p.lightspec_on_stats(step(1, T1))
+    assert k_of(p, [history(0, 40)] * 8) == [0] * 8
+    for _ in range(RECHECK):
+        assert k_of(p, [history(40, 1)] * 8) == [0] * 8  # not re-decided yet
+    assert k_of(p, [history(40, 1)] * 8)[0] >= 3
+    assert k_of(p, [history(0, 40)] * 8) == [0] * 8
+    assert k_of(p, [history(40, 1)] * 4)[0] >= 3  # another batch size: decided now
+
+
+def test_best_k_shortcut_agrees_with_the_search():
+    """best_k returns 0 early when no k can beat the margin; that must be exactly when the
+    full search finds no k either."""
+    import random
+
+    rng = random.Random(0)
+    p = DynamicBudget()
+    for _ in range(2000):
+        n = rng.choice([1, 2, 8])
+        accs = [rng.random() for _ in range(n)]
+        hits = [rng.random() for _ in range(n)]
+        kw = dict(draft_cost=rng.random() * 0.5, beta=rng.random(), fixed=rng.random() * 0.3, hits=hits,
+                  scale=1 + rng.random() * 0.5, margin=1 + rng.random() * 0.5)
+        got = p.best_k(accs, **kw)
+        # the search alone: a margin-free reference of the same rule
+        slope = kw["beta"] + kw["draft_cost"]
+        p_any = 1.0
+        for h in hits:
+            p_any *= 1.0 - h
+        p_any = 1.0 - p_any
+        best_k, best, gain, terms = 0, float(n), float(n), [1.0] * n
+        for k in range(1, p.max_draft + 1):
+            for i, a in enumerate(accs):
+                terms[i] *= min(a, 0.995)
+                gain += hits[i] * terms[i]
+            rate = gain / (1.0 - p_any + p_any * kw["scale"] * (1.0 + kw["fixed"] + slope * k))
+            if rate > best * kw["margin"]:
+                best_k, best = k, rate
+        assert got == best_k
 
 
 def test_a_single_row_lets_model_free_drafters_go_past_k_but_a_batch_does_not():

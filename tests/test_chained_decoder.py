@@ -34,9 +34,27 @@ def _steps(kv: BatchedKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return ragged_steps(kv, seed=1, one_token_steps=6, wide=5)
 
 
-def _run(runner, capacity: int = 12):
+def _run(runner, capacity: int = 12, per_row: bool | None = False):
+    """``_steps`` through a 3-row cache; ``per_row=False``: the layout with holes, which every
+    model can run (``None``: per row where the runner offers it)."""
     with torch.inference_mode():
-        return _steps(BatchedKV(runner, 3, CPU, capacity=capacity))
+        return _steps(BatchedKV(runner, 3, CPU, capacity=capacity, per_row=per_row))
+
+
+def _alone(runner, row: int) -> list[torch.Tensor]:
+    """``_steps``' tokens for one row, run alone (batch 1, its real tokens only): the logits
+    of each forward."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 500, (3, 9), generator=g)[row : row + 1]
+    prefill, keep, append = (9, 6, 4)[row], (5, 3, 4)[row], (2, 3, 1)[row]  # as helpers.ragged_steps
+    kv = BatchedKV(runner, 1, CPU, capacity=12)
+    with torch.inference_mode():
+        out = [kv.forward(ids[:, :prefill]).logits]
+        kv.truncate([keep])
+        out.append(kv.forward(ids[:, :append]).logits)
+        out += [kv.forward(ids[:, j : j + 1]).logits for j in range(6)]
+        out.append(kv.forward(ids[:, :5]).logits)
+    return [o[0] for o in out]
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
@@ -52,6 +70,24 @@ def test_chained_forward_is_the_op_by_op_forward_and_hf_bit_for_bit(arch, fused_
     for (a, valid), (b, _), (c, _) in zip(_run(chained), _run(plain), _run(model)):
         assert torch.equal(a[valid], b[valid])
         assert torch.equal(a[valid], c[valid])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_per_row_layout_gives_each_row_what_it_gets_alone(arch):
+    """The per-row cache layout (``row_offsets``: no holes) through the same ragged steps:
+    every row's logits are, bit for bit, what that row gets decoded alone at batch 1 (the
+    layout with holes rounds the attention's sums differently, by ~3e-6)."""
+    model = _kernel_model(arch)
+    chained = exact_lean_target(model)
+    assert chained is not None and chained.row_offsets_ok
+    kv = BatchedKV(chained, 3, CPU, capacity=12)
+    assert kv.per_row
+    with torch.inference_mode():
+        steps = _steps(kv)
+    for row in range(3):
+        for (logits, valid), want in zip(steps, _alone(chained, row)):
+            assert torch.equal(logits[row][valid[row]], want)
+    assert not kv.has_holes and kv.cols == int(kv.npos.max())
 
 
 def test_chained_capture_records_what_the_op_by_op_forward_records():
@@ -100,3 +136,86 @@ def test_exact_rope_table_reads_the_rotary_modules_values():
     assert not lean_decoder(_kernel_model("llama")).exact_rope_table  # head size 16: not checked, not used
     for (a, valid), (c, _) in zip(_run(lean, capacity=8), _run(model, capacity=8)):
         assert torch.equal(a[valid], c[valid])
+
+
+@torch.inference_mode()
+def test_per_row_cache_rollback_select_and_growth():
+    """``BatchedKV``'s per-row layout through ragged appends, per-row rollbacks (lists and
+    tensors), a row dropped and growth past the capacity: every real slot's logits stay
+    equal, bit for bit, to its row's run alone, and no hole is ever left."""
+    model = _kernel_model("llama")
+    lean = exact_lean_target(model)
+    g = torch.Generator().manual_seed(3)
+    lens = [5, 17, 2, 11]
+    seqs = [torch.randint(3, 500, (n,), generator=g).tolist() for n in lens]
+    kv = BatchedKV(lean, len(seqs), CPU, capacity=8)  # small: forces growth
+    assert kv.per_row
+    width = max(lens)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    valid = torch.zeros(len(seqs), width, dtype=torch.bool)
+    for b, s in enumerate(seqs):
+        ids[b, : len(s)] = torch.tensor(s)
+        valid[b, : len(s)] = True
+    kv.forward(ids, valid)
+    assert kv.npos.tolist() == lens and kv.cols == width
+    alone = []
+    for s in seqs:
+        one = BatchedKV(lean, 1, CPU, capacity=8)
+        one.forward(torch.tensor([s]))
+        alone.append(one)
+    for rnd in range(10):
+        B = len(seqs)
+        q = [1 + (b + rnd) % 4 for b in range(B)]
+        Q = max(q)
+        new = torch.randint(3, 500, (B, Q), generator=g)
+        v = torch.arange(Q)[None, :] < torch.tensor(q)[:, None]
+        before = kv.npos.tolist()
+        out = kv.forward(new, None if bool(v.all()) else v)
+        keep_new = [(b * 7 + rnd * 3) % (q[b] + 1) for b in range(B)]
+        for b in range(B):
+            want = alone[b].forward(new[b : b + 1, : q[b]]).logits[0]
+            assert torch.equal(out.logits[b, : q[b]], want), (rnd, b)
+            alone[b].truncate([before[b] + keep_new[b]])
+            seqs[b] = seqs[b] + new[b, : keep_new[b]].tolist()
+        keep = [n + k for n, k in zip(before, keep_new)]
+        kv.truncate(keep if rnd % 2 else torch.tensor(keep))
+        assert kv.npos.tolist() == [len(s) for s in seqs] and kv.cols == max(len(s) for s in seqs)
+        assert not kv.has_holes
+        if rnd == 6:  # drop a row and reorder the rest
+            order = [3, 0, 2]
+            kv.select_rows(torch.tensor(order))
+            seqs, alone = [seqs[i] for i in order], [alone[i] for i in order]
+            assert kv.cols == max(len(s) for s in seqs)
+    assert kv.cache.layers[0].capacity > 8  # grew
+
+
+def test_per_row_needs_a_model_that_takes_row_offsets():
+    model = _kernel_model("llama")
+    with pytest.raises(ValueError, match="row_offsets"):
+        BatchedKV(model, 2, CPU, per_row=True)  # HF's forward: holes only
+    lean = exact_lean_target(model)
+    a, b = BatchedKV(lean, 2, CPU), BatchedKV(lean, 2, CPU, per_row=False)
+    with pytest.raises(ValueError, match="same layout"):
+        a.copy_from(b, 1)
+
+
+@pytest.mark.parametrize("strategy,opts", [("ngram", {"min_ngram": 1}), ("draft_model", {}), ("layerskip", {"layers": 1})])
+def test_engine_batch_rows_equal_their_batch1_runs_in_the_per_row_layout(strategy, opts):
+    """A batch of mixed prompt lengths, drafting 4 tokens every step (ragged acceptance):
+    with the per-row layout each row's output is exactly its own batch-1 run's, since its
+    logits are bit for bit the same (not only the same argmax)."""
+    from models import ToyTokenizer, make_prompts
+
+    from lightspec_core import MTPPipeline
+
+    model = _kernel_model("llama")
+    draft = _kernel_model("llama", num_hidden_layers=1) if strategy == "draft_model" else None
+    prompts = make_prompts(6, seed=4)
+    pipe = MTPPipeline(model, ToyTokenizer(), strategy=strategy, draft_model=draft,
+                       budget={"type": "static", "k": 4}, **opts)
+    assert pipe.engine.runner.row_offsets_ok
+    batch = pipe.generate(prompts, max_new_tokens=24, ignore_eos=True)
+    drafted, accepted = sum(r.stats.drafted for r in batch), sum(r.stats.accepted for r in batch)
+    assert drafted > accepted > 0  # drafts were verified, some rejected: rows at different lengths
+    for p, row in zip(prompts, batch):
+        assert row.token_ids == pipe.generate([p], max_new_tokens=24, ignore_eos=True)[0].token_ids

@@ -203,3 +203,67 @@ def test_c_swiglu_rounds_as_pytorch_and_run_equals_the_block_loop(gen, inter):
     (o1, h1, r1, k1, v1), (o2, h2, r2, k2, v2) = outs
     assert torch.equal(o1, o2) and torch.equal(h1, h2) and torch.equal(r1, r2)
     assert all(torch.equal(a, b) for a, b in zip(k1 + v1, k2 + v2))
+
+
+@needs_kernel
+@pytest.mark.parametrize("fused", [True, False])
+def test_row_offsets_equal_each_row_run_alone(gen, fused):
+    """``offsets``: rows of different lengths, each packed from column 0, new keys and values
+    written at each row's own offset.  Every row's output and cache must be what that row
+    alone gives with its length as ``cols`` (causal, no mask), bit for bit."""
+    hidden, H, G, D, inter, cap = 48, 4, 2, 32, 96, 64
+    scale = D**-0.5
+    blocks = _weights(gen, hidden, H, G, D, inter, half=True, bias=False)
+    final = 1 + 0.1 * torch.randn(hidden, generator=gen)
+    dec = cpu_decoder.Decoder(blocks, H, G, D, scale, final, 1e-6)
+    if not fused:
+        dec.fused_activation = False  # the per-block path passes the offsets too
+    offsets = [13, 30, 0, 21]
+    B, q = len(offsets), 3
+    cols = max(offsets)
+    h0 = torch.randn(B, q, hidden, generator=gen)
+    cos, sin = torch.randn(B, q, D, generator=gen), torch.randn(B, q, D, generator=gen)
+    slabs = [(torch.randn(B, G, cap, D, generator=gen), torch.randn(B, G, cap, D, generator=gen)) for _ in blocks]
+    C = cols + q
+    off = torch.tensor(offsets)
+    mask = (torch.arange(C)[None, None, :] <= off[:, None, None] + torch.arange(q)[None, :, None]).contiguous()
+    ks, vs = [k.clone() for k, _ in slabs], [v.clone() for _, v in slabs]
+    h = h0.clone()
+    out = dec.run(h, ks, vs, cols, cos, sin, mask, offsets=off)
+    for b, o in enumerate(offsets):
+        k1, v1 = [k[b : b + 1].clone() for k, _ in slabs], [v[b : b + 1].clone() for _, v in slabs]
+        h1 = h0[b : b + 1].clone()
+        want = dec.run(h1, k1, v1, o, cos[b : b + 1].contiguous(), sin[b : b + 1].contiguous())
+        assert torch.equal(out[b : b + 1], want), f"row {b}"
+        assert torch.equal(h[b : b + 1], h1)
+        for i in range(len(blocks)):
+            assert torch.equal(ks[i][b, :, : o + q], k1[i][0, :, : o + q])
+            assert torch.equal(vs[i][b, :, : o + q], v1[i][0, :, : o + q])
+            # nothing written past the row's own new columns
+            assert torch.equal(ks[i][b, :, o + q :], slabs[i][0][b, :, o + q :])
+
+
+@needs_kernel
+def test_row_offsets_reference(gen):
+    """block_front_ref with offsets writes each row's keys at its own columns, as the kernel."""
+    hidden, H, G, D, inter, cap = 48, 4, 2, 32, 96, 64
+    blocks = _weights(gen, hidden, H, G, D, inter, half=False, bias=True, n=1)
+    offsets = [5, 17]
+    B, q, cols = 2, 2, 17
+    h0 = torch.randn(B, q, hidden, generator=gen)
+    cos, sin = torch.randn(B, q, D, generator=gen), torch.randn(B, q, D, generator=gen)
+    k0, v0 = torch.randn(B, G, cap, D, generator=gen), torch.randn(B, G, cap, D, generator=gen)
+    off = torch.tensor(offsets)
+    C = cols + q
+    mask = (torch.arange(C)[None, None, :] <= off[:, None, None] + torch.arange(q)[None, :, None]).contiguous()
+    dec = cpu_decoder.Decoder(blocks, H, G, D, D**-0.5, torch.ones(hidden), 1e-6)
+    kk, vk = k0.clone(), v0.clone()
+    h = h0.clone()
+    gate_up = dec.front(0, h, None, kk, vk, cols, cos, sin, mask, offsets=off).clone()
+    kr, vr = k0.clone(), v0.clone()
+    h_ref, gate_up_ref = cpu_decoder.block_front_ref(blocks[0], None, H, G, D, D**-0.5, h0.clone(), None, kr, vr,
+                                                     cols, cos, sin, mask, offsets=offsets)
+    torch.testing.assert_close(kk, kr, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(vk, vr, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gate_up, gate_up_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(h, h_ref, rtol=1e-5, atol=1e-5)

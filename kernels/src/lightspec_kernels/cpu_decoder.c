@@ -81,14 +81,17 @@ int64_t ls_front_work(const ls_model *m, int64_t BQ) {
  * first (NULL at block 0).  record [M, hidden] or NULL: receives h as this block's input.
  * Cache: k_slab, v_slab [B, kv_heads, cap, head_dim]; columns [0, cols) hold the cache,
  * the q new keys/values are written to columns [cols, cols + q) and attended to with it.
+ * offsets [B] or NULL: row b's new keys/values go to columns [offsets[b], offsets[b] + q)
+ * instead (rows of different lengths, each packed from column 0; offsets[b] <= cols, and
+ * the mask must then hide each row's columns past its own).
  * cos, sin [B, q, head_dim]: the rotary tables at the new slots' positions.
  * mask [B, q, cols + q] (nonzero = visible) or NULL: causal over all columns.
  * gate_up [M, 2 inter]: the output.  work: ls_front_work(B q) floats.  Returns 0, or the
  * attention's error. */
 int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_prev, int64_t B, int64_t q,
-                   const int64_t *rows, int64_t M, int64_t cols, int64_t cap, float *k_slab, float *v_slab,
-                   const float *cos_, const float *sin_, const uint8_t *mask, float *h, const float *act,
-                   float *record, float *work, float *gate_up, int threads) {
+                   const int64_t *rows, int64_t M, int64_t cols, const int64_t *offsets, int64_t cap, float *k_slab,
+                   float *v_slab, const float *cos_, const float *sin_, const uint8_t *mask, float *h,
+                   const float *act, float *record, float *work, float *gate_up, int threads) {
   const int64_t BQ = B * q, Hd = m->hidden, H = m->heads, G = m->kv_heads, D = m->head_dim;
   const int64_t W = (H + 2 * G) * D, C = cols + q;
   float *x = work;                    /* [M, hidden] normed input of a projection */
@@ -121,8 +124,9 @@ int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_p
   for (int64_t b = 0; b < B; b++)
     for (int64_t g = 0; g < G; g++)
       for (int64_t i = 0; i < q; i++) {
-        float *kd = k_slab + ((b * G + g) * cap + cols + i) * D;
-        float *vd = v_slab + ((b * G + g) * cap + cols + i) * D;
+        const int64_t c = (offsets ? offsets[b] : cols) + i;
+        float *kd = k_slab + ((b * G + g) * cap + c) * D;
+        float *vd = v_slab + ((b * G + g) * cap + c) * D;
         memcpy(kd, qk + ((b * (H + G) + H + g) * q + i) * D, (size_t)D * sizeof(float));
         memcpy(vd, qkv + (b * q + i) * W + (H + G + g) * D, (size_t)D * sizeof(float));
       }
@@ -190,13 +194,13 @@ void ls_block_tail(const ls_model *m, const ls_proj *down, const float *norm_w, 
  * gate_up: M * 2 inter.  Use only where ls_silu_mul has been checked to round as the
  * caller's activation does.  Returns 0 or the attention's error. */
 int ls_decoder_run(const ls_model *m, const ls_block *blocks, int64_t n, const float *final_norm, float final_eps,
-                   int64_t B, int64_t q, const int64_t *rows, int64_t M, int64_t cols, int64_t cap,
-                   float *const *k_slabs, float *const *v_slabs, const float *cos_, const float *sin_,
+                   int64_t B, int64_t q, const int64_t *rows, int64_t M, int64_t cols, const int64_t *offsets,
+                   int64_t cap, float *const *k_slabs, float *const *v_slabs, const float *cos_, const float *sin_,
                    const uint8_t *mask, float *h, float *const *records, float *work, float *gate_up, float *act,
                    float *out, int threads) {
   if (!rows) M = B * q;
   for (int64_t i = 0; i < n; i++) {
-    int rc = ls_block_front(m, &blocks[i], i ? &blocks[i - 1].down : NULL, B, q, rows, M, cols, cap, k_slabs[i],
+    int rc = ls_block_front(m, &blocks[i], i ? &blocks[i - 1].down : NULL, B, q, rows, M, cols, offsets, cap, k_slabs[i],
                             v_slabs[i], cos_, sin_, mask, h, i ? act : NULL, records ? records[i] : NULL, work,
                             gate_up, threads);
     if (rc) return rc;

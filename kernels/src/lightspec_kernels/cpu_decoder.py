@@ -70,12 +70,12 @@ class _Model(ctypes.Structure):
 _P = ctypes.POINTER
 _kernel = _cpu_build.Kernel(_SOURCE, {
     "ls_front_work": ([_P(_Model), _i64], _i64),
-    "ls_block_front": ([_P(_Model), _P(_Block), _P(_Proj), _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr, _ptr, _ptr,
-                        _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], ctypes.c_int),
+    "ls_block_front": ([_P(_Model), _P(_Block), _P(_Proj), _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr,
+                        _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], ctypes.c_int),
     "ls_block_tail": ([_P(_Model), _P(_Proj), _ptr, ctypes.c_float, _i64, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], None),
     "ls_silu_mul": ([_ptr, _i64, _i64, _ptr], None),
-    "ls_decoder_run": ([_P(_Model), _ptr, _i64, _ptr, ctypes.c_float, _i64, _i64, _ptr, _i64, _i64, _i64, _ptr, _ptr,
-                        _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], ctypes.c_int),
+    "ls_decoder_run": ([_P(_Model), _ptr, _i64, _ptr, ctypes.c_float, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _ptr,
+                        _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], ctypes.c_int),
 })
 
 
@@ -207,7 +207,8 @@ class Decoder:
 
     def run(self, h: torch.Tensor, k_slabs: list[torch.Tensor], v_slabs: list[torch.Tensor], cols: int,
             cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None,
-            records: dict[int, torch.Tensor] | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+            records: dict[int, torch.Tensor] | None = None, rows: torch.Tensor | None = None,
+            offsets: torch.Tensor | None = None) -> torch.Tensor:
         """Every block and the final norm for one step: returns the normed hidden states
         shaped as ``h`` (arguments as for ``front``; ``k_slabs``/``v_slabs``: one per block;
         ``records``: block index → a tensor shaped as ``h`` that receives its input).  One
@@ -217,7 +218,8 @@ class Decoder:
             act = None
             for i in range(self.num_blocks):
                 rec = None if records is None else records.get(i)
-                act = activation(self.front(i, h, act, k_slabs[i], v_slabs[i], cols, cos, sin, mask, rec, rows))
+                act = activation(self.front(i, h, act, k_slabs[i], v_slabs[i], cols, cos, sin, mask, rec, rows,
+                                            offsets))
             return self.tail(h, act)
         B, q = cos.shape[0], cos.shape[1]
         M = h.numel() // self.hidden
@@ -228,7 +230,8 @@ class Decoder:
         vs = (_ptr * n)(*[v.data_ptr() for v in v_slabs])
         recs = None if not records else (_ptr * n)(*[records[i].data_ptr() if i in records else None for i in range(n)])
         rc = self._run(self._model_ptr, ctypes.addressof(self._blocks), n, self._final, self._final_eps, B, q,
-                       None if rows is None else rows.data_ptr(), M, cols, k_slabs[0].shape[2], ks, vs,
+                       None if rows is None else rows.data_ptr(), M, cols,
+                       None if offsets is None else offsets.data_ptr(), k_slabs[0].shape[2], ks, vs,
                        cos.data_ptr(), sin.data_ptr(), None if mask is None else mask.data_ptr(), h.data_ptr(),
                        recs, work.data_ptr(), gate_up.data_ptr(), act.data_ptr(), out.data_ptr(),
                        torch.get_num_threads())
@@ -248,7 +251,8 @@ class Decoder:
 
     def front(self, i: int, h: torch.Tensor, act: torch.Tensor | None, k_slab: torch.Tensor, v_slab: torch.Tensor,
               cols: int, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None = None,
-              record: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
+              record: torch.Tensor | None = None, rows: torch.Tensor | None = None,
+              offsets: torch.Tensor | None = None) -> torch.Tensor:
         """Block ``i`` (module docstring) for B rows of q new token slots (``cos [B, q, D]``
         gives B and q); returns gate/up ``[..., 2 I]`` shaped as ``h``, a per-thread buffer
         overwritten by the next call.
@@ -257,13 +261,17 @@ class Decoder:
         each real token) ``[M, Hd]``: only the real tokens go through the products, the
         padding slots get zero keys and values, and ``mask`` (required then) must hide every
         column from them.  ``act`` shaped as ``h`` with I features (None at block 0);
-        ``record`` shaped as ``h``: receives the block's input.  No argument checks: the
-        caller passes contiguous float32 CPU tensors of the documented shapes."""
+        ``record`` shaped as ``h``: receives the block's input.  ``offsets`` (int64 ``[B]``,
+        each ``<= cols``): row b's new keys and values go to columns ``offsets[b] + i``
+        instead of ``cols + i`` (rows of different lengths, each from column 0); ``mask``
+        (required then) must hide every column past a row's own.  No argument checks: the
+        caller passes contiguous CPU tensors of the documented shapes and dtypes."""
         B, q = cos.shape[0], cos.shape[1]
         M = h.numel() // self.hidden
         work, gate_up = self._buffers(B * q)
         rc = self._front(self._model_ptr, self._block_ptrs[i], self._down_ptrs[i], B, q,
-                         None if rows is None else rows.data_ptr(), M, cols, k_slab.shape[2],
+                         None if rows is None else rows.data_ptr(), M, cols,
+                         None if offsets is None else offsets.data_ptr(), k_slab.shape[2],
                          k_slab.data_ptr(), v_slab.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                          None if mask is None else mask.data_ptr(), h.data_ptr(),
                          None if act is None else act.data_ptr(), None if record is None else record.data_ptr(),
@@ -291,9 +299,11 @@ def activation(gate_up: torch.Tensor) -> torch.Tensor:
 def block_front_ref(w: BlockWeights, down_prev: tuple[PackedWeight, torch.Tensor | None] | None, heads: int,
                     kv_heads: int, head_dim: int, scale: float, h: torch.Tensor, act: torch.Tensor | None,
                     k_slab: torch.Tensor, v_slab: torch.Tensor, cols: int, cos: torch.Tensor, sin: torch.Tensor,
-                    mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    mask: torch.Tensor | None = None, offsets: list[int] | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """PyTorch reference of ``Decoder.front`` for one block: returns ``(h, gate_up)`` and
-    writes the new keys and values into the slabs, as the kernel does."""
+    writes the new keys and values into the slabs, as the kernel does (``offsets``: each
+    row's first new column, as the kernel's)."""
     B, q, Hd = h.shape
     H, G, D = heads, kv_heads, head_dim
     if act is not None:
@@ -301,8 +311,9 @@ def block_front_ref(w: BlockWeights, down_prev: tuple[PackedWeight, torch.Tensor
     x = cpu_norm_rope.rms_norm_ref(h, w.norm1, w.eps1)
     qkv = cpu_linear.packed_linear_ref(x, w.qkv, w.qkv_bias).view(B, q, H + 2 * G, D)
     qk = cpu_norm_rope.rotary_ref(qkv[:, :, : H + G].transpose(1, 2), cos, sin)  # [B, H+G, q, D]
-    k_slab[:, :, cols : cols + q] = qk[:, H:]
-    v_slab[:, :, cols : cols + q] = qkv[:, :, H + G :].transpose(1, 2)
+    for b, start in enumerate([cols] * B if offsets is None else offsets):
+        k_slab[b, :, start : start + q] = qk[b, H:]
+        v_slab[b, :, start : start + q] = qkv[b, :, H + G :].transpose(0, 1)
     C = cols + q
     if mask is None:
         mask = torch.ones(q, C, dtype=torch.bool).tril(C - q)[None].expand(B, q, C)

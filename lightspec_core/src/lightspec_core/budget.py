@@ -33,7 +33,9 @@ moves by 2x between identical calls):
   draft token is a property of the drafter) is not probed again and again.
 
 In a batch every row pays for the widest verify, so the batch shares one draft length:
-the k that maximises the batch's expected tokens per unit of time.
+the k that maximises the batch's expected tokens per unit of time.  A batch that chose
+k = 0 decides again only after ``RECHECK`` more plain steps (its estimates move little in
+a step, and the decision cost ~1% of a batch-8 step).
 
 The model above can be wrong in ways it cannot see (at batch 8 a verify's extra width
 costs more than at batch 1, rows without an n-gram match gain nothing, padding and
@@ -110,6 +112,10 @@ GUARD_MEMORY = 0.5  # weight of the newest window in the per-kind record of guar
 SCALE_DECAY = 0.95  # per plain step: an unmeasured cost scale drifts back towards 1
 MAX_MARGIN = 2.0  # the most modelled gain a batch can be asked for before it drafts
 MAX_SCALE = 1.5  # the scale is for what the model misses; a slow period is the guard's hold's job
+# a batch that chose plain decoding decides again only after this many more plain steps:
+# its inputs (decayed acceptance, drifting costs) move little in a step, and deciding cost
+# ~70 us of a ~6 ms batch-8 step (1.2%, in every step of a batch that has backed off)
+RECHECK = 2
 
 
 def _timed_drafters(event) -> dict[str, tuple[float, int]]:
@@ -201,6 +207,7 @@ class DynamicBudget:
         self.draft_fixed: dict[str, float] = {}  # per source: f, the cost of drafting at all
         self.draft_floor: dict[str, tuple[float, float]] = {}  # per source: the cheapest (f, d) fitted (after 8 measurements)
         self.last_drafted: dict[str, int] = {}
+        self.settled: dict[str, tuple[int, float]] = {}  # per source: the drift sample its whole window holds
         self.hints: dict[str, float] = {}  # the drafters' structural cost estimates (draft_cost_hints)
         self.measured: dict[str, int] = {}
         self.per_source: dict[tuple[int, str], list[float]] = {}  # (request, source) -> [accepted, rejected]
@@ -211,6 +218,8 @@ class DynamicBudget:
         self.spec_window: deque[tuple[float, float]] = deque(maxlen=GUARD_WINDOW)
         self.plain_ratio: deque[float] = deque([1.03], maxlen=16)  # plain step time / its forward time
         self.hold = 0  # steps of plain decoding left before probing again
+        self.recheck = 0  # plain steps left before a batch decides again (RECHECK)
+        self.recheck_rows = 0  # ... of that many rows
         self.backoff = GUARD_HOLD
         # per kind of batch (several rows?, greedy?): decayed mean of spent / plain-equivalent
         # time over recent guard windows, kept across generations
@@ -262,6 +271,7 @@ class DynamicBudget:
             self.carried[self.kind] = (self.hold, self.backoff)
         self.spec_window.clear()
         self.hold = 0
+        self.recheck = 0
         self.backoff = GUARD_HOLD
         self.fresh = True
         self.hits.clear()
@@ -271,10 +281,9 @@ class DynamicBudget:
     @hookimpl
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
-        taus = self._tensor(tuple(self.threshold.get(r, self.base_confidence) for r in ctx.row_ids), ctx.device)
         self.deterministic = ctx.deterministic
         if ctx.deterministic:
-            return self._reproducible(ctx, taus)
+            return self._reproducible(ctx, self._thresholds(ctx))
         self.last_k = 0
         if self.fresh:  # a new generation: start held where this kind of batch has been losing
             self.fresh = False
@@ -284,12 +293,17 @@ class DynamicBudget:
             if self.guard and self.guard_record.get(self.kind, 0.0) > 1.0:
                 self.hold = max(self.hold, GUARD_HOLD)
         if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
-            return Budget(self._tensor((0,) * B, ctx.device), taus)
+            return self._plain(B, ctx.device)
         if self.hold > 0:  # the guard saw speculation lose: decode plainly for a while
             self.hold -= 1
-            return Budget(self._tensor((0,) * B, ctx.device), taus)
-        accs = [h.acceptance(prior=self.pooled_acceptance("")) for h in ctx.history]
-        hits = [self.hit_rate(rid) for rid in ctx.row_ids]
+            return self._plain(B, ctx.device)
+        if self.recheck > 0 and self.recheck_rows == B:  # this batch chose plain decoding a step or two ago (RECHECK)
+            self.recheck -= 1
+            return self._plain(B, ctx.device)
+        pooled = self.pooled_acceptance("")
+        accs = [h.acceptance(prior=pooled) for h in ctx.history]
+        pooled_hit = self.pooled_hit_rate()
+        hits = [self.hit_rate(rid, pooled_hit) for rid in ctx.row_ids]
         # the cheapest drafter (by the cost of a one-token draft) decides whether to draft at all
         cheapest = min(self.draft_cost, key=lambda s: self.draft_fixed.get(s, 0.0) + self.draft_cost[s], default=None)
         # a batch prices a drafter it has not measured by its structural estimate (prior_cost)
@@ -300,6 +314,8 @@ class DynamicBudget:
         margin = self.margin.get(self.kind, self.batch_margin) if B > 1 else None
         k = self.best_k(accs, d, fixed=self.spec_overhead + f, hits=hits, scale=scale, margin=margin)
         self.last_k = k
+        if k == 0 and B > 1:
+            self.recheck, self.recheck_rows = RECHECK, B
         by_source: dict[str, list[int]] = {}
         if k and len(self.draft_cost) > 1:  # per-source limits only matter between several drafters
             for src, cost in self.draft_cost.items():
@@ -312,9 +328,19 @@ class DynamicBudget:
         # drafts: k comes from the row's average acceptance, while the lookup knows how long
         # this match is (a 16-token copy holds far longer than a one-token match), and its
         # draft costs only verify width.  A batch keeps k: every row pays the widest verify.
-        free = [max(k, self.free_max_draft)] if k and B == 1 and self.free_max_draft > k else None
-        return Budget(self._tensor((k,) * B, ctx.device), taus, by_source=by_source,
+        if k == 0:
+            return self._plain(B, ctx.device)
+        free = [max(k, self.free_max_draft)] if B == 1 and self.free_max_draft > k else None
+        return Budget(self._tensor((k,) * B, ctx.device), self._thresholds(ctx), by_source=by_source,
                       free_max_draft=free)
+
+    def _thresholds(self, ctx: StepContext) -> torch.Tensor:
+        """Each row's confidence threshold, ``[B]`` float32."""
+        return self._tensor(tuple(self.threshold.get(r, self.base_confidence) for r in ctx.row_ids), ctx.device)
+
+    def _plain(self, rows: int, device) -> Budget:
+        """No drafting this step (the thresholds are then unused: the base one for every row)."""
+        return Budget(self._tensor((0,) * rows, device), self._tensor((float(self.base_confidence),) * rows, device))
 
     def _tensor(self, values: tuple, device) -> torch.Tensor:
         """A tensor of ``values`` (int64 for ints, float32 for floats), made once and then
@@ -355,12 +381,17 @@ class DynamicBudget:
         drafter is tried where trying costs one row's step, not a whole batch's."""
         return self.hints.get(source, self.prior_draft_cost)
 
-    def hit_rate(self, request: int) -> float:
-        """How often this row got a draft when offered one, starting from the rate pooled
-        over recent steps (itself starting at 0.9)."""
+    def pooled_hit_rate(self) -> float:
+        """How often rows of recent steps got a draft when offered one (prior 0.9)."""
         # the same estimate as acceptance: successes (a draft) against failures (none)
         hit, offered = self.pooled_hits
-        pooled = RowHistory(hit, offered - hit).acceptance(prior=0.9)
+        return RowHistory(hit, offered - hit).acceptance(prior=0.9)
+
+    def hit_rate(self, request: int, pooled: float | None = None) -> float:
+        """How often this row got a draft when offered one, starting from the rate pooled
+        over recent steps (``pooled_hit_rate``, which a caller asking for many rows passes)."""
+        if pooled is None:
+            pooled = self.pooled_hit_rate()
         hit, offered = self.hits.get(request, (0.0, 0.0))
         return RowHistory(hit, offered - hit).acceptance(prior=pooled)
 
@@ -399,6 +430,13 @@ class DynamicBudget:
         # 1.15 moved `hybrid` from 0.987x to 0.999x `none` and `draft_model` from 0.972x to 0.987x
         if margin is None:
             margin = 1.02 if len(accs) == 1 else self.batch_margin
+        # no k can win when even endless drafts (each row's a + a^2 + ... = a / (1 - a)) at
+        # the cheapest speculative step (k = 1) stay below the margin: the usual answer in
+        # a batch that has backed off, found in one pass over the rows instead of k passes
+        cheapest = 1.0 - p_any + p_any * scale * (1.0 + fixed + slope)
+        ceiling = len(accs) + sum(h * a / (1.0 - a) for h, a in zip(hits, accs))
+        if slope >= 0 and ceiling / cheapest <= len(accs) * margin:
+            return 0
         best_k, best = 0, float(len(accs))
         terms = [1.0] * len(accs)
         gain = float(len(accs))
@@ -601,8 +639,15 @@ class DynamicBudget:
             if src not in used:  # an unused drafter drifts back to its cheapest measured cost, so it gets probed again
                 f, d = self.draft_floor.get(src, (0.0, self.prior_cost(src)))
                 k = self.last_drafted.get(src, 1)
-                samples.append((k, f + d * k))
+                drift = (k, f + d * k)
+                if self.settled.get(src) == drift:  # the window holds nothing else: the fit cannot move
+                    continue
+                samples.append(drift)
                 self._fit_draft_cost(src)
+                if samples.count(drift) == len(samples):
+                    self.settled[src] = drift
+            else:
+                self.settled.pop(src, None)
         if not (self.t1 and event.drafted_max > 0):
             return
         if timed:

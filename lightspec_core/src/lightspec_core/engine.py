@@ -208,8 +208,11 @@ class Engine:
                 try:
                     budget = self.bound.budget(ctx=ctx)
                     room = [r.max_new - r.generated - 1 for r in act_rows]
-                    limits = [max(0, min(k, m)) for k, m in zip(budget.max_draft.tolist(), room)]
-                    ctx.max_draft = torch.tensor(limits, device=dev)
+                    wanted = budget.max_draft.tolist()
+                    limits = [max(0, min(k, m)) for k, m in zip(wanted, room)]
+                    # the budget's own tensor when no row is cut (a tensor made right after a
+                    # forward costs several microseconds)
+                    ctx.max_draft = budget.max_draft if limits == wanted else torch.tensor(limits, device=dev)
                     ctx.max_draft_list = limits
                     ctx.min_confidence = budget.min_confidence
                     ctx.budget_by_source = budget.by_source

@@ -131,6 +131,7 @@ class StepContext:
                  the last element is the newest token, not yet run through the target)
     row_ids:     the request index of each active row (rows leave the batch when done)
     max_draft:   [B] int64 and ``max_draft_list`` (Python ints) from the budget policy
+                 (read-only: the tensor may be one the budget reuses from step to step)
     min_confidence: [B] float from the budget policy
     sampling:    the request's ``SamplingParams`` (warp draft logits with ``sampling.warped_probs``)
     generators:  one ``torch.Generator`` per row for the drafter's own sampling

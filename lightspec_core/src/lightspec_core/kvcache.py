@@ -5,11 +5,19 @@ Why not ``DynamicCache``: it grows by ``torch.cat`` on every forward, which cost
 hands the model a *view* of the used prefix, so a step writes only the new columns and
 rolling back rejected tokens is just moving an integer.
 
-Ragged rows share one column axis.  Each row owns the columns whose ``valid`` flag is
-set; rejected draft slots and padding become *holes* (masked columns) instead of being
-copied around.  Position ids are per row (the number of valid tokens before the
-token), so a hole never shifts a position.  When holes waste too much of the slab the
-cache is compacted with one gather per layer.
+Ragged rows share one column axis.  Two layouts:
+
+* per row (``BatchedKV.per_row``, where the model takes ``row_offsets``: LightSpec's
+  chained lean forward): row b's tokens fill columns ``[0, npos[b])``, a step writes each
+  row's new tokens where its own end, and rolling back is lowering ``npos[b]``.  A ragged
+  verify (rows with drafts of different lengths, rows that accept different counts) leaves
+  nothing behind, and each row's attention reads its own length only;
+* holes (any other model): each row owns the columns whose ``valid`` flag is set;
+  rejected draft slots and padding become *holes* (masked columns) instead of being
+  copied around.  Position ids are per row (the number of valid tokens before the
+  token), so a hole never shifts a position.  When holes waste too much of the slab the
+  cache is compacted with one gather per layer.  Every later step's attention reads the
+  holes too: at batch 8 that cost the speculating strategies more than their drafts won.
 """
 
 from __future__ import annotations
@@ -141,14 +149,20 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 
 
 class BatchedKV:
-    """A model's KV cache for B ragged rows, with per-row positions and hole masking.
+    """A model's KV cache for B ragged rows, with per-row positions (module docstring).
 
-    Columns ``[0, cols)`` of the slab are in use.  ``valid[b, c]`` says whether column c
-    holds a real token of row b; ``npos[b]`` is how many tokens row b has cached (the
-    position id of its next token).
+    Columns ``[0, cols)`` of the slab are in use; ``npos[b]`` is how many tokens row b has
+    cached (the position id of its next token).  Per row (``per_row``): row b holds
+    columns ``[0, npos[b])`` and ``cols`` is the longest row's length.  With holes:
+    ``valid[b, c]`` says whether column c holds a real token of row b.
+
+    ``per_row``: ``None`` (default) uses the per-row layout where the model offers it
+    (``row_offsets_ok``); ``False`` keeps holes (the exactness probe compares HF's forward
+    and the lean one on the same layout).
     """
 
-    def __init__(self, model: torch.nn.Module, batch: int, device: torch.device, capacity: int = 256):
+    def __init__(self, model: torch.nn.Module, batch: int, device: torch.device, capacity: int = 256,
+                 per_row: bool | None = None):
         self.model = model
         self.cache = SlabCache(capacity)
         self.cache_kw = cache_kwarg(model)
@@ -157,6 +171,10 @@ class BatchedKV:
         self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         self.npos = torch.zeros(batch, dtype=torch.long, device=device)
         self.has_holes = False
+        offered = bool(getattr(model, "row_offsets_ok", False))
+        if per_row and not offered:
+            raise ValueError("per_row=True needs a model that takes row_offsets (a LeanDecoder with the chained forward)")
+        self.per_row = offered if per_row is None else bool(per_row)
 
     @property
     def batch(self) -> int:
@@ -168,6 +186,8 @@ class BatchedKV:
 
         Returns the model output; ``logits`` is ``[B, q, V]``.
         """
+        if self.per_row:
+            return self._forward_per_row(input_ids, input_valid, model_kwargs)
         B, q = input_ids.shape
         end = self.cols + q
         if end > self.valid.shape[1]:
@@ -197,6 +217,29 @@ class BatchedKV:
             **model_kwargs,
         )
 
+    def _forward_per_row(self, input_ids: torch.Tensor, input_valid: torch.Tensor | None, model_kwargs: dict):
+        """``forward`` in the per-row layout: row b's new tokens at columns ``npos[b]`` on."""
+        q = input_ids.shape[1]
+        offsets = self.npos
+        position_ids = offsets[:, None] + torch.arange(q, device=self.device)
+        kwargs = {self.cache_kw: self.cache}
+        if self.cols == 0:
+            # the first forward, a prefill of right-padded prompts: causal attention alone keeps
+            # each row's real tokens from seeing its padding, which lies after them (and which
+            # the row's next tokens overwrite)
+            out = self.model(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=True,
+                             **kwargs, **model_kwargs)
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=input_valid, position_ids=position_ids, use_cache=True,
+                             row_offsets=offsets, **kwargs, **model_kwargs)
+        self.npos = offsets + (q if input_valid is None else input_valid.sum(1))
+        self._set_cols(int(self.npos.max()))
+        return out
+
+    def _set_cols(self, cols: int) -> None:
+        self.cols = cols
+        self.cache.set_length(cols)
+
     def truncate(self, keep: torch.Tensor | list[int]) -> None:
         """Keep only the first ``keep[b]`` tokens of each row (``keep [B]`` int64, or a list
         of Python ints: a single row without holes then needs no tensor at all)."""
@@ -207,6 +250,15 @@ class BatchedKV:
             self.cols = n
             self.npos.fill_(n)
             self.cache.set_length(n)
+            return
+        if self.per_row:  # lower each row's length; nothing is masked or moved
+            if isinstance(keep, torch.Tensor):
+                self.npos = torch.minimum(self.npos, keep)
+                self._set_cols(int(self.npos.max()))
+            else:
+                lengths = [min(n, k) for n, k in zip(self.npos.tolist(), keep)]
+                self.npos = torch.tensor(lengths, dtype=torch.long, device=self.device)
+                self._set_cols(max(lengths))
             return
         if not isinstance(keep, torch.Tensor):
             keep = torch.tensor(keep, dtype=torch.long, device=self.device)
@@ -247,5 +299,25 @@ class BatchedKV:
             layer.batch_select_indices(rows)
         self.valid = self.valid.index_select(0, rows)
         self.npos = self.npos.index_select(0, rows)
-        if self.has_holes:
+        if self.per_row:  # the longest remaining row sets the columns in use
+            self._set_cols(int(self.npos.max()) if self.npos.numel() else 0)
+        elif self.has_holes:
             self.has_holes = not bool(self.valid[:, : self.cols].all())
+
+    def copy_from(self, other: "BatchedKV", layers: int) -> None:
+        """Become a copy of ``other``'s cache of its first ``layers`` layers, with its rows'
+        bookkeeping (a drafter that shares the target's first blocks starts from the target's
+        keys and values instead of a prefill).  Both must use the same layout."""
+        if self.per_row != other.per_row:
+            raise ValueError("copy_from needs two caches of the same layout (per row or with holes)")
+        self.cols, self.has_holes = other.cols, other.has_holes
+        self.valid = other.valid.clone()
+        self.npos = other.npos.clone()
+        self.cache = SlabCache(other.cache.capacity)
+        for src in other.cache.layers[:layers]:
+            layer = SlabLayer(src.capacity)
+            if src.is_initialized:
+                layer.k_slab, layer.v_slab = src.k_slab.clone(), src.v_slab.clone()
+                layer.device, layer.is_initialized = src.device, True
+            layer.set_length(src.length)
+            self.cache.layers.append(layer)

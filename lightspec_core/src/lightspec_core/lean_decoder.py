@@ -44,7 +44,12 @@ The call signature is the subset of an HF causal LM's ``forward`` that
 * ``cache``: a ``SlabCache``; keys and values are appended through ``cache.update``;
 * ``logits_to_keep``: as in HF, 0 for logits at every position, n for the last n only;
 * ``last_positions [B]`` (int64, LightSpec's own): logits at one position per row only,
-  ``[B, 1, V]``; a batch's catch-up is ragged, and each row needs only its last token's.
+  ``[B, 1, V]``; a batch's catch-up is ragged, and each row needs only its last token's;
+* ``row_offsets [B]`` (int64, LightSpec's own, where ``row_offsets_ok``): rows of
+  different lengths, each packed from cache column 0 with no holes; row b's q new tokens
+  go to columns ``row_offsets[b] + i`` and see only its own columns before them.  With it
+  ``attention_mask`` is ``[B, q]``: which of the new slots are real tokens (``None``: all).
+  ``BatchedKV`` uses it where the model offers it (its per-row mode).
 
 It returns an object whose ``logits`` are ``[B, q, V]``.  ``capture(layer_ids)``
 records hidden states on every forward, numbered like ``model_parts.HiddenCapture``.
@@ -253,6 +258,13 @@ class LeanDecoder:
         # every piece of the block already runs LightSpec's CPU kernels
         self.chained = _chained_decoder(self) if os.environ.get("LIGHTSPEC_CHAINED", "1") != "0" else None
 
+    @property
+    def row_offsets_ok(self) -> bool:
+        """Whether ``forward`` takes ``row_offsets`` (rows at their own cache offsets): the
+        chained path writes each row's keys where its own tokens end, so a ragged batch
+        leaves no holes in the cache (``BatchedKV``'s per-row layout)."""
+        return self.chained is not None
+
     def restrict_vocab(self, token_ids: torch.Tensor | None) -> None:
         """Compute logits only for ``token_ids [n]`` (int64); every other logit is -inf.
 
@@ -288,12 +300,15 @@ class LeanDecoder:
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache=None, use_cache: bool = True, logits_to_keep: int = 0, last_positions: torch.Tensor | None = None,
-                head: bool = True, **_ignored) -> LeanOutput:
+                head: bool = True, row_offsets: torch.Tensor | None = None, **_ignored) -> LeanOutput:
         # head=False: the final norm's output only (``LeanOutput.hidden``); the caller applies
         # the lm_head itself (``_head``), e.g. to the positions a greedy verify reaches
         keep = logits_to_keep if head else None
         if self.chained is not None and _cache_ready(cache, len(self.layers), input_ids.shape[0]):
-            return self._forward_chained(input_ids, position_ids, attention_mask, cache, keep, last_positions)
+            return self._forward_chained(input_ids, position_ids, attention_mask, cache, keep, last_positions,
+                                         row_offsets)
+        if row_offsets is not None:
+            raise ValueError("row_offsets needs the chained forward (row_offsets_ok) and a filled cache")
         if not self.exact:
             return self._forward_fast(input_ids, position_ids, attention_mask, cache, keep, last_positions)
         B, q = input_ids.shape
@@ -351,10 +366,13 @@ class LeanDecoder:
 
     def _forward_chained(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                          attention_mask: torch.Tensor | None, cache, logits_to_keep: int,
-                         last_positions: torch.Tensor | None) -> LeanOutput:
+                         last_positions: torch.Tensor | None, row_offsets: torch.Tensor | None = None) -> LeanOutput:
         """The forward with each block as one ``cpu_decoder`` call: the same kernels on the
         same values as the op-by-op forward (so the same logits, bit for bit), without its
-        ~25 Python-level calls per block.  The cache's slabs must exist (after a prefill)."""
+        ~25 Python-level calls per block.  The cache's slabs must exist (after a prefill).
+
+        ``row_offsets [B]``: each row's own first new column (module docstring); the cache's
+        length is then the longest row's, and ``attention_mask [B, q]`` marks real slots."""
         B, q = input_ids.shape
         layers = cache.layers[: len(self.layers)]
         cols = layers[0].length
@@ -370,7 +388,14 @@ class LeanDecoder:
             cos, sin = cos[:, 0], sin[:, 0]
         cos, sin = cos.contiguous(), sin.contiguous()
         mask = rows = None
-        if attention_mask is not None:  # [B, q, C]: holes in the cache, causal among the new tokens
+        if row_offsets is not None:  # each row sees its own columns up to its new token's: [B, q, C]
+            mask = torch.arange(C)[None, None, :] <= row_offsets[:, None, None] + torch.arange(q)[None, :, None]
+            if attention_mask is not None and not bool(attention_mask.all()):
+                rows = attention_mask.reshape(-1).nonzero().squeeze(1)  # only the real tokens go through the products
+                h = h.reshape(B * q, -1).index_select(0, rows)
+                mask &= attention_mask[:, :, None]
+            mask = mask.contiguous()
+        elif attention_mask is not None:  # [B, q, C]: holes in the cache, causal among the new tokens
             mask = _mask(attention_mask, B, q, C, h.device)[:, 0]
             new_valid = attention_mask[:, cols:C]
             if not bool(new_valid.all()):
@@ -382,7 +407,7 @@ class LeanDecoder:
             mask = mask.contiguous()
         recorded = {i: torch.empty_like(h) for i in self.record if i < len(layers)}
         normed = self.chained.run(h, [layer.k_slab for layer in layers], [layer.v_slab for layer in layers], cols,
-                                  cos, sin, mask, recorded, rows)
+                                  cos, sin, mask, recorded, rows, row_offsets)
         for layer in layers:
             layer.set_length(C)
         if len(self.layers) in self.record:
@@ -527,7 +552,8 @@ def exact_lean_target(model: nn.Module) -> LeanDecoder | None:
     gen = torch.Generator().manual_seed(0)
     steps = [torch.randint(0, vocab, (2, q), generator=gen).to(dev) for q in (12, 1, 4)]
     prefill_valid = torch.arange(12, device=dev)[None, :] < torch.tensor([[12], [9]], device=dev)
-    kv_hf, kv_lean = BatchedKV(model, 2, dev, capacity=32), BatchedKV(lean, 2, dev, capacity=32)
+    # both with holes: the same cache layout, so any difference is the forward's own
+    kv_hf, kv_lean = BatchedKV(model, 2, dev, capacity=32), BatchedKV(lean, 2, dev, capacity=32, per_row=False)
     with torch.inference_mode():
         for j, ids in enumerate(steps):
             valid = prefill_valid if j == 0 else None

@@ -23,7 +23,7 @@ import torch
 
 from ..hookspecs import hookimpl
 from ..interfaces import DraftProposal, StepContext
-from ..kvcache import BatchedKV, SlabLayer, takes_logits_to_keep
+from ..kvcache import BatchedKV, takes_logits_to_keep
 from ..lean_decoder import LeanDecoder, lean_decoder
 from ..model_parts import decoder_layers, early_exit_view, num_layers
 from ..sampling import exponential_noise, warp_logits
@@ -345,23 +345,16 @@ class LayerSkipDrafter(ModelDrafter):
         target_kv = ctx.extras.get("target_kv")
         behind = max(len(s) - (self.base[b] if self.kv is not None and b < len(self.base) else 0)
                      for b, s in enumerate(ctx.sequences))
-        if target_kv is not None and ctx.prefix is None and (self.kv is None or self.row_ids != ctx.row_ids or behind > self.max_draft + 1):
+        # (only between caches of the same layout: the target's and this runner's, see kvcache)
+        same_layout = target_kv is not None and target_kv.per_row == bool(getattr(self.runner, "row_offsets_ok", False))
+        if same_layout and ctx.prefix is None and (self.kv is None or self.row_ids != ctx.row_ids or behind > self.max_draft + 1):
             self._seed_from(target_kv, ctx)
         return super()._sync(ctx)
 
     def _seed_from(self, target_kv: BatchedKV, ctx: StepContext) -> None:
         """Copy the target's cache of blocks [0, L) — all committed tokens but the newest."""
-        kv = BatchedKV(self.runner, ctx.batch, ctx.device, capacity=target_kv.valid.shape[1])
-        kv.cols, kv.has_holes = target_kv.cols, target_kv.has_holes
-        kv.valid = target_kv.valid.clone()
-        kv.npos = target_kv.npos.clone()
-        for src in target_kv.cache.layers[: self.layers]:
-            layer = SlabLayer(src.capacity)
-            if src.is_initialized:
-                layer.k_slab, layer.v_slab = src.k_slab.clone(), src.v_slab.clone()
-                layer.device, layer.is_initialized = src.device, True
-            layer.set_length(src.length)
-            kv.cache.layers.append(layer)
+        kv = BatchedKV(self.runner, ctx.batch, ctx.device, capacity=target_kv.cache.capacity, per_row=target_kv.per_row)
+        kv.copy_from(target_kv, self.layers)
         self.kv = kv
         self.fed = [list(seq[:-1]) for seq in ctx.sequences]
         self.base = [len(seq) - 1 for seq in ctx.sequences]
