@@ -74,26 +74,37 @@ def greedy_cpu_lazy(tokens: torch.Tensor | list[list[int]], lengths: torch.Tenso
     """``greedy_cpu`` from the target's final hidden states ``hidden [B, K+1, H]``, applying
     its lm_head ``head`` (``[B, n, H]`` → ``[B, n, V]``) only to the positions the walk
     reaches: ``first`` positions, then ``step`` more at a time while some row is still
-    accepting.  A wide n-gram draft is mostly rejected early, and the lm_head over 17
-    positions cost the zoo target ~1 ms of a ~3 ms verify.  Each position's logits are the
-    same numbers a full pass gives (LightSpec's CPU products compute every row on its own),
-    so the result is ``greedy_cpu``'s.  ``tokens``/``lengths`` may be given as Python lists
-    (``[B][K]``, ``[B]``); ``as_lists``: return ``(accepted [B], emitted [B][K+1])`` as
-    Python lists instead of a ``VerifyResult`` (the engine's loop wants lists)."""
+    accepting, and in each row only up to its own draft's end.  A wide n-gram draft is
+    mostly rejected early, and the lm_head over 17 positions cost the zoo target ~1 ms of
+    a ~3 ms verify; in a batch where a few rows draft, the others need one position each.
+    Each position's logits are the same numbers a full pass gives (LightSpec's CPU products
+    compute every row on its own), so the result is ``greedy_cpu``'s.  ``tokens``/``lengths``
+    may be given as Python lists (``[B][K]``, ``[B]``); ``as_lists``: return
+    ``(accepted [B], emitted [B][K+1])`` as Python lists instead of a ``VerifyResult`` (the
+    engine's loop wants lists)."""
     drafts = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
     lens = lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths
     B, K = hidden.shape[0], hidden.shape[1] - 1
     accepted = [0] * B
     emitted: list[list[int] | None] = [None] * B
+    flat = hidden.reshape(B * (K + 1), hidden.shape[-1])
     j0, size = 0, first
     while j0 <= K and any(e is None for e in emitted):
         j1 = min(K + 1, j0 + size)
-        top = argmax_last(head(hidden[:, j0:j1])).tolist()  # [B][j1 - j0]; first maximum, as torch.argmax
-        for b in range(B):
-            if emitted[b] is not None:
-                continue
-            for j in range(j0, j1):
-                t = top[b][j - j0]
+        # the (row, position) slots still to check: a row's positions past its draft's end
+        # (lens[b] + 1 slots: the drafts, then the bonus) never are
+        spans = [(b, j0, min(j1, lens[b] + 1)) for b in range(B) if emitted[b] is None]
+        slots = [b * (K + 1) + j for b, a, e in spans for j in range(a, e)]
+        if len(slots) == B * (j1 - j0):  # every row, every position: no gather needed
+            picked = hidden[:, j0:j1]
+        else:
+            picked = flat.index_select(0, torch.tensor(slots, device=hidden.device))
+        top = argmax_last(head(picked)).reshape(-1).tolist()  # first maximum, as torch.argmax
+        at = 0
+        for b, a, e in spans:
+            row, at = top[at : at + e - a], at + e - a
+            for j in range(a, e):
+                t = row[j - a]
                 if j < lens[b] and drafts[b][j] == t:
                     accepted[b] = j + 1
                     continue
