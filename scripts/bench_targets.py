@@ -80,8 +80,12 @@ def main(path: str) -> None:
             ov += [r["overhead_fraction"] for r in w["results"] if r["overhead_fraction"] is not None]
         every = [r["overhead_fraction"] for run in report["runs"] for w in run["workloads"].values()
                  for r in w["results"] if r["overhead_fraction"] is not None]
+        lock = [r["overhead_fraction_lockstep"] for w in b1["workloads"].values() for r in w["results"]
+                if r.get("overhead_fraction_lockstep") is not None]
+        in_lockstep = f" (in the lockstep runs, where other methods evict the caches between steps: ≤ {max(lock):.1%})" if lock else ""
         rows.append(("issue 2: engine overhead ≤ 10% of step time (batch 1 greedy)",
-                     f"≤ {max(ov):.1%} at batch 1 greedy; ≤ {max(every):.1%} in every run", max(ov) <= 0.10))
+                     f"≤ {max(ov):.1%} at batch 1 greedy, each method alone{in_lockstep}; ≤ {max(every):.1%} in every run",
+                     max(ov) <= 0.10))
         extra = []
         for w in b1["workloads"].values():
             r = {x["name"]: x for x in w["results"] if not x["error"]}

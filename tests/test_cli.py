@@ -118,6 +118,9 @@ def test_cli_bench_compares_with_hf_on_the_same_prompts(capsys, model_dir, tmp_p
             # greedy: every output equals HF vanilla's (outputs are kept from the first round)
             assert r["identical_to_hf"] == 3 and r["identical_checked"] == 3, r
     assert by_name["hf_vanilla"]["speedup_vs_hf"] == 1.0
+    for name in ("none", "ngram", "layerskip"):  # overhead from runs alone, the lockstep figure kept too
+        r = by_name[name]
+        assert 0 < r["overhead_fraction"] < 1 and 0 < r["overhead_fraction_lockstep"] < 1, r
     assert report["interleave"] == "step"  # the default: methods in lockstep
     md = out_md.read_text()
     assert "hf_vanilla" in md and "the methods in lockstep" in md

@@ -27,6 +27,10 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
         f"sampled runs {'seeded from ' + str(report['seed']) if report.get('seed') is not None else 'unseeded'}; "
         "greedy outputs are compared with HF vanilla greedy at batch 1 (batched runs: on the prompts the batch-1 runs had)",
     ]
+    if report.get("interleave") == "step":
+        lines.append("- overhead: wall time outside model forwards per step, from one more run of every batch with "
+                     "the method alone (in lockstep the other methods' steps evict its caches between its steps; "
+                     "that figure is `overhead_fraction_lockstep` in the JSON)")
     forwards = sorted(set((report.get("target_forward") or {}).values()))
     if forwards:
         lines.append("- LightSpec's target forward: " + ", ".join(forwards)
