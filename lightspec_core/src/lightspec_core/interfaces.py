@@ -179,9 +179,8 @@ class StepContext:
 
     def with_budget(self, max_draft: torch.Tensor, max_draft_list: list[int] | None = None) -> "StepContext":
         """A shallow copy with another draft budget (used by combinations)."""
-        import copy
-
-        c = copy.copy(self)
+        c = object.__new__(StepContext)  # copy.copy's reduce protocol costs ~10 us a call here
+        c.__dict__.update(self.__dict__)
         c.max_draft = max_draft
         c.max_draft_list = max_draft.tolist() if max_draft_list is None else max_draft_list
         return c
