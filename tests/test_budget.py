@@ -620,3 +620,40 @@ def test_a_batch_carries_its_hold_and_back_off_into_the_next_generation():
         p.reset()
     assert holds == [0, 16, 32]
     assert p.carried[(True, True)] == (64, 128)
+
+
+def test_a_batch_drifts_back_to_the_verify_cost_it_measured_one_row_to_the_prior():
+    """While only plain steps are left in the window, beta drifts: a single row back to its
+    prior (probing again after a slow period), a batch back to the beta it last fitted (at
+    batch 8 a verified token's cost is structural; drifting to the batch-1 prior had it
+    probe at a loss in every generation)."""
+    for rows, want in ((8, 0.7), (1, 0.12)):
+        p = DynamicBudget(beta=0.12)
+        k_of(p, [history(0, 0)] * rows)  # the generation's kind: several rows or one
+        for _ in range(6):
+            p.lightspec_on_stats(step(1, T1, drafted=(0,) * rows, accepted=(0,) * rows))
+            p.lightspec_on_stats(step(3, T1 * 2.4, drafted=(2,) * rows, accepted=(1,) * rows, source="ngram"))
+        assert p.beta == pytest.approx(0.7, rel=0.05)
+        for _ in range(80):
+            p.lightspec_on_stats(step(1, T1, drafted=(0,) * rows, accepted=(0,) * rows))
+        assert p.beta == pytest.approx(want, rel=0.05)
+
+
+def test_a_batch_charges_a_model_drafter_its_catch_up_when_it_resumes():
+    """A model drafter that did not draft last step must first catch its cache up (its
+    ``setup_s``): a batch learns that cost and charges it, spread over SETUP_HORIZON steps,
+    while one that drafted last step, and a single row, pay nothing."""
+    from lightspec_core.budget import SETUP_HORIZON
+
+    p = DynamicBudget()
+    k_of(p, [history(0, 0)] * 8)
+    p.lightspec_on_stats(step(1, T1, drafted=(0,) * 8, accepted=(0,) * 8))
+    ev = step(2, T1 * 1.5, drafted=(1,) * 8, accepted=(1,) * 8, draft_s=3 * T1)
+    ev.draft_setup_s = 2 * T1
+    ev.draft_by_source = {"draft_model": (1 * T1, 1)}
+    p.lightspec_on_stats(ev)
+    assert p.setup_cost["draft_model"] == pytest.approx(2.0)
+    assert p._catch_up("draft_model", 8) == 0.0  # it drafted last step: nothing to catch up
+    p.lightspec_on_stats(step(1, T1, drafted=(0,) * 8, accepted=(0,) * 8))
+    assert p._catch_up("draft_model", 8) == pytest.approx(2.0 / SETUP_HORIZON)
+    assert p._catch_up("draft_model", 1) == 0.0 and p._catch_up("ngram", 8) == 0.0

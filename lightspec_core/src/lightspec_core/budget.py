@@ -30,7 +30,10 @@ moves by 2x between identical calls):
   in the window.  A policy that backed off because of acceptance or a slow period
   therefore probes again (after 9 to about 40 plain steps) instead of staying off for
   good, while a drafter that is simply too expensive for its acceptance (the cost of a
-  draft token is a property of the drafter) is not probed again and again.
+  draft token is a property of the drafter) is not probed again and again.  A batch's
+  beta drifts back to the last beta fitted for its kind of batch instead of the prior: at
+  batch 8 a verified token costs 0.6-0.8 of a plain step on the zoo target, and drifting
+  to the batch-1 prior (0.12) had `hybrid` probe at a loss in every generation.
 
 In a batch every row pays for the widest verify, so the batch shares one draft length:
 the k that maximises the batch's expected tokens per unit of time.  A batch that chose
@@ -80,6 +83,11 @@ priced from its own forwards; before, a step in which some rows drafted by n-gra
 and others by the draft model measured nothing, and at batch 8 the draft model kept its
 structural estimate (0.16 of a target step per token) where it measured 0.26.
 
+A batch also charges a model drafter that did not draft on the last step for its
+catch-up (the prefill of every token its cache missed meanwhile, reported as the drafter's
+``setup_s``; ~10 ms for the zoo draft at batch 8, 2-3 plain steps), learned per drafter
+and spread over ``SETUP_HORIZON`` speculative steps.
+
 For a single row that speculates, model-free drafters (n-gram lookup, which declares a
 draft cost of 0) may draft up to ``free_max_draft`` tokens instead of k
 (``Budget.free_max_draft``): k is the row's average, the lookup knows how long its
@@ -116,6 +124,10 @@ MAX_SCALE = 1.5  # the scale is for what the model misses; a slow period is the 
 # its inputs (decayed acceptance, drifting costs) move little in a step, and deciding cost
 # ~70 us of a ~6 ms batch-8 step (1.2%, in every step of a batch that has backed off)
 RECHECK = 2
+# a batch charges a model drafter's catch-up (the prefill of every token its cache missed
+# since it last drafted: ~10 ms for the zoo draft at batch 8 after a pause, 2-3 plain steps)
+# as a fixed cost spread over this many speculative steps, when it did not draft last step
+SETUP_HORIZON = 8
 
 
 def _timed_drafters(event) -> dict[str, tuple[float, int]]:
@@ -208,6 +220,11 @@ class DynamicBudget:
         self.draft_floor: dict[str, tuple[float, float]] = {}  # per source: the cheapest (f, d) fitted (after 8 measurements)
         self.last_drafted: dict[str, int] = {}
         self.settled: dict[str, tuple[int, float]] = {}  # per source: the drift sample its whole window holds
+        # per source: a batch's catch-up cost when it resumes drafting (decayed mean, relative
+        # to t1), and whether it drafted on the last step (then there is nothing to catch up)
+        self.setup_cost: dict[str, float] = {}
+        self.batch_beta: dict[tuple[bool, bool], float] = {}  # per kind of batch: the last beta fitted there
+        self.drafted_last: set[str] = set()
         self.hints: dict[str, float] = {}  # the drafters' structural cost estimates (draft_cost_hints)
         self.measured: dict[str, int] = {}
         self.per_source: dict[tuple[int, str], list[float]] = {}  # (request, source) -> [accepted, rejected]
@@ -309,7 +326,7 @@ class DynamicBudget:
         # a batch prices a drafter it has not measured by its structural estimate (prior_cost)
         self.hints = ((ctx.extras or {}).get("draft_cost_hints") or {}) if B > 1 else {}
         d = min(self.hints.values(), default=self.prior_draft_cost) if cheapest is None else self.draft_cost[cheapest]
-        f = 0.0 if cheapest is None else self.draft_fixed.get(cheapest, 0.0)
+        f = 0.0 if cheapest is None else self.draft_fixed.get(cheapest, 0.0) + self._catch_up(cheapest, B)
         scale = self.cost_scale.get(self.kind, 1.0)
         margin = self.margin.get(self.kind, self.batch_margin) if B > 1 else None
         k = self.best_k(accs, d, fixed=self.spec_overhead + f, hits=hits, scale=scale, margin=margin)
@@ -322,7 +339,7 @@ class DynamicBudget:
                 prior = self.pooled_acceptance(src)
                 src_accs = [RowHistory(*self.per_source.get((rid, src), (0.0, 0.0))).acceptance(prior=prior)
                             for rid in ctx.row_ids]
-                fixed = self.spec_overhead + self.draft_fixed.get(src, 0.0)
+                fixed = self.spec_overhead + self.draft_fixed.get(src, 0.0) + self._catch_up(src, B)
                 by_source[src] = [min(k, self.best_k(src_accs, cost, fixed=fixed, hits=hits, scale=scale, margin=margin))] * B
         # a single row that speculates lets model-free drafters (n-gram lookup) size their own
         # drafts: k comes from the row's average acceptance, while the lookup knows how long
@@ -333,6 +350,15 @@ class DynamicBudget:
         free = [max(k, self.free_max_draft)] if B == 1 and self.free_max_draft > k else None
         return Budget(self._tensor((k,) * B, ctx.device), self._thresholds(ctx), by_source=by_source,
                       free_max_draft=free)
+
+    def _catch_up(self, source: str, rows: int) -> float:
+        """What resuming ``source`` costs a batch per speculative step, in plain steps: its
+        measured catch-up (``setup_cost``) over ``SETUP_HORIZON`` steps, when it did not
+        draft last step (0 for one row, whose catch-up is short, and for drafters that have
+        none: n-gram lookup)."""
+        if rows < 2 or source in self.drafted_last:
+            return 0.0
+        return self.setup_cost.get(source, 0.0) / SETUP_HORIZON
 
     def _thresholds(self, ctx: StepContext) -> torch.Tensor:
         """Each row's confidence threshold, ``[B]`` float32."""
@@ -635,6 +661,13 @@ class DynamicBudget:
                 self.spec_overhead = max(0.0, median(self.overhead[True]) - median(self.overhead[False]))
         # the components that drafted (a cascade's row is labelled "ngram+draft_model")
         used = {part for s, d in zip(event.sources, event.drafted) if d for part in s.split("+")} | set(timed)
+        if self.t1 and len(timed) == 1 and len(event.row_ids) > 1 and event.draft_setup_s > 0:
+            # a batch's catch-up of the one model drafter that ran (its setup time)
+            src = next(iter(timed))
+            cost = event.draft_setup_s / self.t1
+            old = self.setup_cost.get(src)
+            self.setup_cost[src] = cost if old is None else 0.5 * old + 0.5 * cost
+        self.drafted_last = set(timed)
         for src, samples in self.draft_samples.items():
             if src not in used:  # an unused drafter drifts back to its cheapest measured cost, so it gets probed again
                 f, d = self.draft_floor.get(src, (0.0, self.prior_cost(src)))
@@ -720,8 +753,15 @@ class DynamicBudget:
             t1 = ym - slope * xm
             if t1 > 0:
                 self.t1, self.beta = t1, min(max(slope / t1, 0.0), 2.0)
+                if self.kind is not None and self.kind[0]:
+                    self.batch_beta[self.kind] = self.beta
                 return
         x, y, _ = pts[0]
         if x == 0:
-            self.beta = 0.9 * self.beta + 0.1 * self.prior_beta
+            # one row drifts back to the prior (its verify width is cheap, and what lost may be
+            # a slow period); a batch to what it last measured: there a verified token's cost
+            # is structural (0.6-0.8 of a plain step at batch 8 on the zoo target against the
+            # prior 0.12), and drifting to the prior had it probe at a loss in every generation
+            target = self.batch_beta.get(self.kind, self.prior_beta) if self.kind is not None and self.kind[0] else self.prior_beta
+            self.beta = 0.9 * self.beta + 0.1 * target
         self.t1 = y / (1.0 + self.beta * x)
