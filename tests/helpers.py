@@ -153,3 +153,14 @@ def ragged_steps(kv, seed: int = 0, one_token_steps: int = 1, wide: int = 0) -> 
     if wide:
         out.append((kv.forward(ids[:, :wide]).logits, torch.ones(3, wide, dtype=torch.bool)))
     return out
+
+
+def ragged_append(batch: int, rnd: int, g: torch.Generator) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
+    """A ragged "verify" block for round ``rnd``: row b gets ``1 + (b + rnd) % 4`` new random
+    tokens, then padding.  Returns (real tokens per row, ids ``[B, Q]``, which slots are
+    real ``[B, Q]`` or ``None`` when all are)."""
+    q = [1 + (b + rnd) % 4 for b in range(batch)]
+    Q = max(q)
+    new = torch.randint(3, 500, (batch, Q), generator=g)
+    v = torch.arange(Q)[None, :] < torch.tensor(q)[:, None]
+    return q, new, None if bool(v.all()) else v

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import ragged_steps
+from helpers import ragged_append, ragged_steps
 from lightspec_core.cpu_norm import use_cpu_norms
 from lightspec_core.hf_attention import use_cpu_attention
 from lightspec_core.kvcache import BatchedKV
@@ -165,12 +165,9 @@ def test_per_row_cache_rollback_select_and_growth():
         alone.append(one)
     for rnd in range(10):
         B = len(seqs)
-        q = [1 + (b + rnd) % 4 for b in range(B)]
-        Q = max(q)
-        new = torch.randint(3, 500, (B, Q), generator=g)
-        v = torch.arange(Q)[None, :] < torch.tensor(q)[:, None]
+        q, new, valid = ragged_append(B, rnd, g)
         before = kv.npos.tolist()
-        out = kv.forward(new, None if bool(v.all()) else v)
+        out = kv.forward(new, valid)
         keep_new = [(b * 7 + rnd * 3) % (q[b] + 1) for b in range(B)]
         for b in range(B):
             want = alone[b].forward(new[b : b + 1, : q[b]]).logits[0]

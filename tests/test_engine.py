@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import ragged_append
 from lightspec_core.interfaces import DraftProposal
 from lightspec_core.kvcache import BatchedKV
 from lightspec_core.model_parts import HiddenCapture, _final_norm, early_exit_view, num_layers
@@ -245,12 +246,9 @@ def test_batched_kv_truncate_compact_select(arch):
 
     for rnd in range(12):
         # append a ragged "verify" block: row b gets q_b new tokens (then padding)
-        q = [1 + (b + rnd) % 4 for b in range(B)]
-        Q = max(q)
-        new = torch.randint(3, 500, (B, Q), generator=g)
-        v = torch.arange(Q)[None, :] < torch.tensor(q)[:, None]
+        q, new, valid = ragged_append(B, rnd, g)
         before = kv.npos.clone()
-        out = kv.forward(new, None if bool(v.all()) else v)
+        out = kv.forward(new, valid)
         for b in range(B):
             for j in range(q[b]):  # every real slot's logits equal a full forward
                 torch.testing.assert_close(out.logits[b, j], full_last_logits(model, seqs[b] + new[b, : j + 1].tolist()),
