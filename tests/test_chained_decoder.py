@@ -216,3 +216,31 @@ def test_engine_batch_rows_equal_their_batch1_runs_in_the_per_row_layout(strateg
     assert drafted > accepted > 0  # drafts were verified, some rejected: rows at different lengths
     for p, row in zip(prompts, batch):
         assert row.token_ids == pipe.generate([p], max_new_tokens=24, ignore_eos=True)[0].token_ids
+
+
+def test_per_row_prefill_runs_chained_and_packed_and_equals_hf(monkeypatch):
+    """A per-row cache creates its slabs before the first forward (``init_cache``), so a
+    right-padded prefill runs the chained path with its padding packed away; its logits at
+    the real positions are HF's, bit for bit."""
+    from lightspec_core import lean_decoder as lean_mod
+
+    model = _kernel_model("llama")
+    lean = exact_lean_target(model)
+    calls = []
+    chained = lean_mod.LeanDecoder._forward_chained
+
+    def counting(self, input_ids, *args, **kwargs):
+        calls.append(input_ids.shape)
+        return chained(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(lean_mod.LeanDecoder, "_forward_chained", counting)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 500, (3, 11), generator=g)
+    valid = torch.ones(3, 11, dtype=torch.bool)
+    valid[1, 4:] = False
+    valid[2, 9:] = False
+    with torch.inference_mode():
+        per_row = BatchedKV(lean, 3, CPU).forward(ids, valid).logits
+        hf = BatchedKV(model, 3, CPU).forward(ids, valid).logits
+    assert calls == [(3, 11)]
+    assert torch.equal(per_row[valid], hf[valid])

@@ -77,7 +77,7 @@ from torch import nn
 
 from .cpu_norm import KernelRMSNorm
 from .hf_attention import uses_cpu_attention
-from .kvcache import SlabCache
+from .kvcache import SlabCache, SlabLayer
 from .weight_layout import PackedLinear, column_major, is_column_major
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # x [..., in] -> [..., out]
@@ -264,6 +264,18 @@ class LeanDecoder:
         chained path writes each row's keys where its own tokens end, so a ragged batch
         leaves no holes in the cache (``BatchedKV``'s per-row layout)."""
         return self.chained is not None
+
+    def init_cache(self, cache: SlabCache, batch: int) -> None:
+        """Create ``cache``'s slabs for ``batch`` rows (float32, the cache's capacity), so that
+        a first forward, a prefill, runs the chained path too: packed (a right-padded
+        batch's padding costs no product) and per row (``row_offsets``)."""
+        while len(cache.layers) < len(self.layers):
+            cache.layers.append(SlabLayer(cache.capacity))
+        dev = self.embed.weight.device
+        for layer in cache.layers[: len(self.layers)]:
+            if not layer.is_initialized:
+                empty = torch.empty(batch, self.n_kv, 0, self.head_dim, dtype=torch.float32, device=dev)
+                layer.lazy_initialization(empty, empty)
 
     def restrict_vocab(self, token_ids: torch.Tensor | None) -> None:
         """Compute logits only for ``token_ids [n]`` (int64); every other logit is -inf.
