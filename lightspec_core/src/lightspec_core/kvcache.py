@@ -171,6 +171,7 @@ class BatchedKV:
         self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         self.npos = torch.zeros(batch, dtype=torch.long, device=device)
         self.has_holes = False
+        # a model that takes row_offsets also makes its cache's slabs before a prefill (init_cache)
         offered = bool(getattr(model, "row_offsets_ok", False))
         if per_row and not offered:
             raise ValueError("per_row=True needs a model that takes row_offsets (a LeanDecoder with the chained forward)")
@@ -223,20 +224,13 @@ class BatchedKV:
         offsets = self.npos
         position_ids = offsets[:, None] + torch.arange(q, device=self.device)
         kwargs = {self.cache_kw: self.cache}
-        init = getattr(self.model, "init_cache", None)
-        if self.cols == 0 and init is not None:
+        if self.cols == 0:
             # the first forward, a prefill of right-padded prompts, runs per row and packed too
             # once the slabs exist: its padding costs no product (at batch 8 the suite's code
             # prompts are 425 real tokens in 1,016 slots)
-            init(self.cache, input_ids.shape[0])
-        if self.cols == 0 and init is None:
-            # a prefill without the slabs: causal attention alone keeps each row's real tokens
-            # from seeing its padding, which lies after them (and which its next tokens overwrite)
-            out = self.model(input_ids=input_ids, attention_mask=None, position_ids=position_ids, use_cache=True,
-                             **kwargs, **model_kwargs)
-        else:
-            out = self.model(input_ids=input_ids, attention_mask=input_valid, position_ids=position_ids, use_cache=True,
-                             row_offsets=offsets, **kwargs, **model_kwargs)
+            self.model.init_cache(self.cache, input_ids.shape[0])
+        out = self.model(input_ids=input_ids, attention_mask=input_valid, position_ids=position_ids, use_cache=True,
+                         row_offsets=offsets, **kwargs, **model_kwargs)
         self.npos = offsets + (q if input_valid is None else input_valid.sum(1))
         self._set_cols(int(self.npos.max()))
         return out
