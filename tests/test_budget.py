@@ -31,6 +31,20 @@ def step(q: int, seconds: float, drafted=(0,), accepted=(0,), source: str = "dra
                      verify_tokens=q)
 
 
+def plain(rows: int = 1, seconds: float = T1) -> StepStats:
+    """A plain step of ``rows`` rows (it calibrates the policy for batches of that size)."""
+    return step(1, seconds, drafted=(0,) * rows, accepted=(0,) * rows)
+
+
+def calibrate(p: DynamicBudget, rows: int = 1) -> None:
+    """Feed ``p`` a plain step of ``rows`` rows and count that batch size's verify cost as
+    measured at its current beta: its next decision is then the cost model's, not the
+    one-token probe of a batch size never verified (tested on its own)."""
+    p.lightspec_on_stats(plain(rows))
+    key = p._cost_key(rows)
+    p.verified_beta.setdefault(key, p.fits[key][1])
+
+
 def history(accepted: float, rejected: float) -> RowHistory:
     return RowHistory(accepted=accepted, rejected=rejected)
 
@@ -197,14 +211,16 @@ def test_a_batch_shares_one_draft_length():
     """Every row waits for the widest verify: the batch gets the k that pays for the
     batch, not each row's own best k."""
     p = DynamicBudget(beta=0.3, draft_cost=0.05)
-    p.lightspec_on_stats(step(1, T1))
+    calibrate(p, 1)
     one_good = [history(accepted=40, rejected=1)] + [history(accepted=0, rejected=40)] * 7
+    alone = k_of(p, one_good[:1])[0]
+    assert k_of(p, one_good) == [0] * 8  # a batch size never measured: one plain step calibrates it
+    calibrate(p, 8)
     ks = k_of(p, one_good)
     assert len(set(ks)) == 1
-    alone = k_of(p, one_good[:1])[0]
     assert alone >= 3 and ks[0] < alone  # one confident row cannot make seven others pay for a wide verify
     fresh = DynamicBudget(beta=0.3, draft_cost=0.05)
-    fresh.lightspec_on_stats(step(1, T1))
+    calibrate(fresh, 8)
     ks = k_of(fresh, [history(40, 1)] * 8)
     assert len(set(ks)) == 1 and ks[0] >= 3
 
@@ -216,7 +232,8 @@ def test_a_batch_that_chose_plain_decoding_decides_again_after_recheck_steps():
     from lightspec_core.budget import RECHECK
 
     p = DynamicBudget(beta=0.3, draft_cost=0.05)
-    p.lightspec_on_stats(step(1, T1))
+    for rows in (8, 4):
+        calibrate(p, rows)
     assert k_of(p, [history(0, 40)] * 8) == [0] * 8
     for _ in range(RECHECK):
         assert k_of(p, [history(40, 1)] * 8) == [0] * 8  # not re-decided yet
@@ -317,6 +334,7 @@ def test_rows_that_rarely_get_a_draft_make_a_batch_back_off_but_not_a_single_row
     only when it does draft, so it keeps drafting."""
     p = DynamicBudget(beta=0.15, draft_cost=0.01)
     p.lightspec_on_stats(step(1, T1))
+    calibrate(p, 8)
     good = history(accepted=20, rejected=4)
     assert k_of(p, [good] * 8)[0] >= 2  # before any evidence: rows are expected to get drafts
     for _ in range(30):  # offered drafts, one row in eight gets one
@@ -367,7 +385,7 @@ def test_the_guard_remembers_losses_per_kind_of_batch_across_generations():
     p = DynamicBudget(beta=0.1, draft_cost=0.01)
     batch = [history(accepted=30, rejected=3)] * 8
     k_of(p, batch)  # the generation's first step: calibration
-    p.lightspec_on_stats(step(1, T1))
+    calibrate(p, 8)
     for _ in range(12):
         assert k_of(p, batch)[0] >= 1
         p.lightspec_on_stats(slow_step(8))
@@ -375,13 +393,14 @@ def test_the_guard_remembers_losses_per_kind_of_batch_across_generations():
     p.reset()  # next generation, same kind: held for 16 steps, then probing
     for _ in range(16):
         assert k_of(p, batch)[0] == 0
-        p.lightspec_on_stats(step(1, T1))
+        p.lightspec_on_stats(plain(8))
     assert k_of(p, batch)[0] >= 1
     p.reset()  # one row: no record of losses there
+    calibrate(p, 1)
     assert k_of(p, [history(accepted=30, rejected=3)])[0] >= 1
     off = DynamicBudget(beta=0.1, draft_cost=0.01, guard=False)
     off.guard_record[(True, True)] = 2.0
-    off.lightspec_on_stats(step(1, T1))
+    calibrate(off, 8)
     assert k_of(off, batch)[0] >= 1
 
 
@@ -431,7 +450,7 @@ def test_speculative_steps_slower_than_modelled_raise_the_cost_scale_of_that_kin
     p = DynamicBudget(beta=0.1, draft_cost=0.01)
     batch = [history(accepted=30, rejected=3)] * 8
     k_of(p, batch)
-    p.lightspec_on_stats(step(1, T1))
+    calibrate(p, 8)
     modelled = None
     for _ in range(3 * 12):
         k_of(p, batch)
@@ -445,7 +464,7 @@ def test_speculative_steps_slower_than_modelled_raise_the_cost_scale_of_that_kin
     accs = [0.45] * 8  # a gain the unscaled model takes (at the batch margin), the scaled one not
     assert p.best_k(accs, 0.01, 0.1) >= 1 and p.best_k(accs, 0.01, 0.1, scale=scale) == 0
     for _ in range(60):  # plain steps: the scale decays back
-        p.lightspec_on_stats(step(1, T1))
+        p.lightspec_on_stats(plain(8))
     assert p.cost_scale[(True, True)] < 1.01
 
 
@@ -543,6 +562,7 @@ def test_the_learned_batch_margin_decides_whether_a_batch_drafts():
     assert k_of(p, batch)[0] >= 1
     p.margin[(True, True)] = 1.6
     assert k_of(p, batch)[0] == 0
+    calibrate(p, 1)
     assert k_of(p, [history(accepted=6, rejected=4)])[0] >= 1  # one row: its own margin
 
 
@@ -552,7 +572,7 @@ def test_a_drafter_starts_from_its_structural_cost_estimate():
     acceptance, free n-gram lookup is.  A single row tries it (the flat prior)."""
     def first_k(hints, rows):
         p = DynamicBudget()
-        p.lightspec_on_stats(step(1, T1))
+        calibrate(p, rows)
         c = ctx([history(0, 0)] * rows)
         c.extras = {"draft_cost_hints": hints}
         return p.lightspec_budget(c).max_draft.tolist()[0], p
@@ -605,13 +625,13 @@ def test_a_batch_carries_its_hold_and_back_off_into_the_next_generation():
     p = DynamicBudget(beta=0.1, draft_cost=0.01)
     batch = [history(accepted=30, rejected=3)] * 8
     k_of(p, batch)
-    p.lightspec_on_stats(step(1, T1))
+    calibrate(p, 8)
     holds = []
     for _ in range(3):  # generations: plain while held, then a losing probe window
         held = 0
         while k_of(p, batch)[0] == 0:
             held += 1
-            p.lightspec_on_stats(step(1, T1))
+            p.lightspec_on_stats(plain(8))
         holds.append(held)
         p.lightspec_on_stats(slow_step(8))
         for _ in range(11):
@@ -657,3 +677,62 @@ def test_a_batch_charges_a_model_drafter_its_catch_up_when_it_resumes():
     p.lightspec_on_stats(step(1, T1, drafted=(0,) * 8, accepted=(0,) * 8))
     assert p._catch_up("draft_model", 8) == pytest.approx(2.0 / SETUP_HORIZON)
     assert p._catch_up("draft_model", 1) == 0.0 and p._catch_up("ngram", 8) == 0.0
+
+
+def test_verify_costs_are_fitted_per_number_of_rows_through_the_plain_forward():
+    """A forward over 8 rows costs several times one over a single row: each row count has
+    its own window, so a batch's fit is not pulled by single-row verifies (a batch's last
+    steps, earlier requests).  The line goes through the measured plain forward (the cost
+    a draft has to beat), not a free intercept: verify costs are concave in width, and a
+    free line through widths 3-6 put t1 above the plain step and beta far below its cost."""
+    p = DynamicBudget(beta=0.12)
+    for _ in range(20):  # single rows: plain 10 ms, verifies of width 5 cost 14 ms (beta 0.1)
+        p.lightspec_on_stats(rows_step(1, T1))
+        p.lightspec_on_stats(rows_step(1, 1.4 * T1, drafted=4, accepted=4))
+    assert p.t1 == pytest.approx(T1) and p.beta == pytest.approx(0.1)
+    assert k_of(p, [history(30, 3)] * 8) == [0] * 8  # 8 rows never measured: calibrate first
+    t8 = 3 * T1
+    p.lightspec_on_stats(rows_step(8, t8))
+    # concave costs at 8 rows: width 2 costs 1.55 plain steps, width 4 2.2, width 6 2.8
+    for q, c in ((2, 1.55), (4, 2.2), (6, 2.8)):
+        p.lightspec_on_stats(rows_step(8, c * t8, drafted=q - 1, accepted=q - 1))
+    assert p.t1 == pytest.approx(t8)
+    want = (1 * 0.55 + 3 * 1.2 + 5 * 1.8) / (1 + 9 + 25)  # least squares through (0, 1)
+    assert p.beta == pytest.approx(want)
+    free = 2.8 - (2.8 - 1.55) / 4 * 5  # the free line's intercept, in plain steps: above 1
+    assert free > 1.2 and p.beta > 0.35
+    assert p.verified_beta[(8, True)] == pytest.approx(want)
+    p.lightspec_on_stats(rows_step(1, T1))  # back to one row: its own window and fit
+    assert p.t1 == pytest.approx(T1) and p.beta == pytest.approx(0.1)
+    k_of(p, [history(30, 3)] * 8)  # a decision for 8 rows uses the 8-row fit, whatever ran last
+    assert p.t1 == pytest.approx(t8) and p.beta == pytest.approx(want)
+
+
+def test_a_batch_size_never_verified_borrows_the_nearest_beta_and_probes_one_token():
+    """A generation's first decision uses the fit of its own batch size, not the fit of the
+    step that ran last: after one-row steps with a cheap verify (beta 0), a batch of 8
+    calibrates with one plain step, then borrows the prior (no batch verified yet) and
+    drafts a single token, which measures its verify.  A batch size seen later borrows
+    the nearest one measured."""
+    p = DynamicBudget(beta=0.12, draft_cost=0.0)
+    for _ in range(20):  # one row: the verify is free
+        p.lightspec_on_stats(rows_step(1, T1))
+        p.lightspec_on_stats(rows_step(1, T1, drafted=4, accepted=4))
+    assert p.beta == pytest.approx(0.0)
+    assert k_of(p, [history(40, 1)])[0] >= 4
+    p.reset()
+    good = [history(40, 1)] * 8
+    assert k_of(p, good) == [0] * 8  # calibration
+    p.lightspec_on_stats(rows_step(8, 3 * T1))
+    assert k_of(p, good) == [1] * 8  # the probe: one token
+    assert p.beta == pytest.approx(0.12)  # the prior, not the one row's 0
+    p.lightspec_on_stats(rows_step(8, 3 * T1 * 1.5, drafted=1, accepted=1))  # a verified token costs 0.5
+    assert p.verified_beta[(8, True)] == pytest.approx(0.5)
+    assert k_of(p, good)[0] >= 2  # measured now: 40/41 acceptance pays at 0.5 a token
+    p.lightspec_on_stats(rows_step(6, 2.5 * T1))  # 6 rows: calibrated, then the 8 rows' beta
+    k_of(p, [history(40, 1)] * 6)
+    assert p.t1 == pytest.approx(2.5 * T1) and p.beta == pytest.approx(0.5)
+    assert p._borrowed_beta((7, True)) == pytest.approx(0.5) and p._borrowed_beta((1, True)) == pytest.approx(0.12)
+    p.lightspec_on_stats(rows_step(8, 3 * T1 * 1.9, drafted=1, accepted=1))
+    p.lightspec_on_stats(rows_step(8, 3 * T1 * 1.9, drafted=1, accepted=1))  # now 0.9 a token (the median)
+    assert k_of(p, good) == [0] * 8  # no draft length pays for the batch's margin then

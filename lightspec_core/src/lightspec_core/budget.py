@@ -21,9 +21,12 @@ Two rules keep that choice sound on a noisy machine (on the 2-core VM a forward'
 moves by 2x between identical calls):
 
 * costs come from medians over a window of recent steps: the verify cost is a line
-  fitted through the median forward time of each verify width seen in the last 32
-  steps, a drafter's cost a line through the median time of each draft length in its
-  last 16 measurements; one slow step does not switch speculation off;
+  through the median plain forward and the median forward time of each verify width
+  seen in the last 32 steps, kept per batch size (and greedy or sampled), a drafter's
+  cost a line through the median time of each draft length in its last 16
+  measurements; one slow step does not switch speculation off.  A batch size seen for
+  the first time is calibrated by one plain step; its first speculative step drafts one
+  token, which measures its verify cost (until then it borrows the nearest batch size's);
 * an estimate that is not being measured drifts back: an unused drafter's cost towards
   the cheapest line measured for it (its prior until 8 measurements exist) by one
   sample per step, beta towards its prior by 10% per step once only plain steps remain
@@ -31,9 +34,9 @@ moves by 2x between identical calls):
   therefore probes again (after 9 to about 40 plain steps) instead of staying off for
   good, while a drafter that is simply too expensive for its acceptance (the cost of a
   draft token is a property of the drafter) is not probed again and again.  A batch's
-  beta drifts back to the last beta fitted for its kind of batch instead of the prior: at
-  batch 8 a verified token costs 0.6-0.8 of a plain step on the zoo target, and drifting
-  to the batch-1 prior (0.12) had `hybrid` probe at a loss in every generation.
+  beta does not drift: at batch 8 a verified token costs 0.3-0.8 of a plain step on the
+  zoo target, and drifting to the batch-1 prior (0.12) had `hybrid` probe at a loss in
+  every generation.
 
 In a batch every row pays for the widest verify, so the batch shares one draft length:
 the k that maximises the batch's expected tokens per unit of time.  A batch that chose
@@ -209,9 +212,14 @@ class DynamicBudget:
         self.prior_beta = beta
         self.prior_draft_cost = draft_cost
         self.decay = decay
-        # cost windows: (verify tokens, seconds) of recent target forwards, and per source
-        # the cost of one draft token relative to a plain step (its median is the estimate)
-        self.forward_samples: deque[tuple[int, float]] = deque(maxlen=32)
+        # cost windows, per cost key (rows, greedy?): (verify tokens, seconds) of recent target
+        # forwards and, kept apart, recent plain forwards' seconds (see ``_fit_forward_cost``);
+        # the fit per key, and the beta last fitted from verifies per key.  ``t1`` and ``beta``
+        # are the fit of the batch being decided or measured (``_use_fit``)
+        self.forward_samples: dict[tuple[int, bool], deque[tuple[int, float]]] = {}
+        self.plain_forwards: dict[tuple[int, bool], deque[float]] = {}
+        self.fits: dict[tuple[int, bool], tuple[float, float]] = {}
+        self.verified_beta: dict[tuple[int, bool], float] = {}
         self.draft_samples: dict[str, deque[tuple[int, float]]] = {}  # (tokens drafted, cost relative to t1)
         self.t1: float | None = None
         self.beta = beta
@@ -223,7 +231,6 @@ class DynamicBudget:
         # per source: a batch's catch-up cost when it resumes drafting (decayed mean, relative
         # to t1), and whether it drafted on the last step (then there is nothing to catch up)
         self.setup_cost: dict[str, float] = {}
-        self.batch_beta: dict[tuple[bool, bool], float] = {}  # per kind of batch: the last beta fitted there
         self.drafted_last: set[str] = set()
         self.hints: dict[str, float] = {}  # the drafters' structural cost estimates (draft_cost_hints)
         self.measured: dict[str, int] = {}
@@ -309,8 +316,11 @@ class DynamicBudget:
                 self.hold, self.backoff = self.carried[self.kind]
             if self.guard and self.guard_record.get(self.kind, 0.0) > 1.0:
                 self.hold = max(self.hold, GUARD_HOLD)
-        if self.t1 is None:  # calibrate: one plain step measures what a target forward costs
+        key = self._cost_key(B)
+        if key not in self.plain_forwards:
+            # calibrate: one plain step measures what a target forward over this many rows costs
             return self._plain(B, ctx.device)
+        self._use_fit(key)
         if self.hold > 0:  # the guard saw speculation lose: decode plainly for a while
             self.hold -= 1
             return self._plain(B, ctx.device)
@@ -330,6 +340,10 @@ class DynamicBudget:
         scale = self.cost_scale.get(self.kind, 1.0)
         margin = self.margin.get(self.kind, self.batch_margin) if B > 1 else None
         k = self.best_k(accs, d, fixed=self.spec_overhead + f, hits=hits, scale=scale, margin=margin)
+        if k > 1 and B > 1 and key not in self.verified_beta:
+            # a batch size whose verify was never measured: its beta is borrowed (``_use_fit``),
+            # so probe with the narrowest verify; that step measures it
+            k = 1
         self.last_k = k
         if k == 0 and B > 1:
             self.recheck, self.recheck_rows = RECHECK, B
@@ -570,7 +584,7 @@ class DynamicBudget:
     def _plain_reference(self, rows: int) -> float:
         """What a plain step of ``rows`` rows costs here, in seconds: the mean of this
         generation's plain steps of that many rows when there are 3 or more, else the cost
-        model's (``t1`` times the plain steps' step/forward ratio).
+        model's (that many rows' ``t1`` times the plain steps' step/forward ratio).
 
         This generation's: a batch's step time depends on its prompts' lengths (at batch 8
         reading the KV cache is about as much memory traffic as the weights).  Not ``t1``
@@ -579,11 +593,11 @@ class DynamicBudget:
         14 ms where plain steps took 20 ms, so the guard took losing windows for wins).  A
         mean, not a median: it is compared with sums of speculative steps' times, and step
         times are skewed (a plain generation's steps averaged 6% above their median)."""
-        greedy = True if self.kind is None else self.kind[1]
-        samples = self.plain_times.get((rows, greedy))
+        key = self._cost_key(rows)
+        samples = self.plain_times.get(key)
         if samples is not None and len(samples) >= 3:
             return sum(samples) / len(samples)
-        return self.t1 * median(self.plain_ratio)
+        return self.fits.get(key, (self.t1,))[0] * median(self.plain_ratio)
 
     def _track(self, event) -> None:
         """Record plain steps' times per number of rows, and the generation's totals."""
@@ -642,9 +656,13 @@ class DynamicBudget:
 
     def _learn_costs(self, event) -> None:
         """Update the cost estimates from one step's measurements."""
-        if event.verify_tokens >= 1:
-            self.forward_samples.append((event.verify_tokens, event.target_forward_s))
-            self._fit_forward_cost()
+        if event.verify_tokens >= 1 and event.row_ids:
+            key = self._cost_key(len(event.row_ids))
+            self.forward_samples.setdefault(key, deque(maxlen=32)).append((event.verify_tokens, event.target_forward_s))
+            if event.verify_tokens == 1 and event.target_forward_s > 0:
+                # kept apart: while a batch speculates, its window soon holds no plain forward
+                self.plain_forwards.setdefault(key, deque(maxlen=16)).append(event.target_forward_s)
+            self._fit_forward_cost(key)
         timed = _timed_drafters(event)
         if self.t1:
             # the draft stage is costed as draft tokens (draft_cost): leave it out here.  When
@@ -734,34 +752,86 @@ class DynamicBudget:
                 fixed, per = ym - slope * xm, slope
         self.draft_fixed[src], self.draft_cost[src] = fixed, per
 
-    def _fit_forward_cost(self) -> None:
-        """Fit ``t(q) = t1 * (1 + beta * (q - 1))`` to the window: the median time of each
-        verify width q, then a least-squares line through those medians (weighted by how
-        often each width occurred).  With a single width the two cannot be told apart:
-        t1 follows from the last beta, and when that width is 1 (nothing verified in the
-        window, so beta is not being measured) beta moves back towards its prior."""
+    def _cost_key(self, rows: int) -> tuple[int, bool]:
+        """The cost windows' key for a batch of ``rows`` rows: (rows, greedy?).  Greedy and
+        sampled verifies differ (a greedy one applies the lm_head only as far as the drafts
+        hold), and so do row counts: a forward over 8 rows takes ~3x one over a single row."""
+        return rows, True if self.kind is None else self.kind[1]
+
+    def _use_fit(self, key: tuple[int, bool]) -> None:
+        """Point ``t1`` and ``beta`` at the fit for ``key``; a key never fitted keeps ``t1``
+        (its calibration step fits it) and borrows beta (``_borrowed_beta``)."""
+        fit = self.fits.get(key)
+        self.t1, self.beta = fit if fit is not None else (self.t1, self._borrowed_beta(key))
+
+    def _borrowed_beta(self, key: tuple[int, bool]) -> float:
+        """The beta for a key whose verify was never measured: for one row the prior; for a
+        batch the beta measured at the nearest batch size (the larger on a tie: beta grows
+        with the rows, and a batch that over-estimates it only drafts less), else the prior."""
+        rows, greedy = key
+        if rows == 1:
+            return self.prior_beta
+        near = [(abs(r - rows), -r, b) for (r, g), b in self.verified_beta.items() if g == greedy and r > 1]
+        return min(near)[2] if near else self.prior_beta
+
+    def _fit_forward_cost(self, key: tuple[int, bool]) -> None:
+        """Fit ``t(q) = t1 * (1 + beta * (q - 1))`` to the forwards of ``key`` (rows, greedy?).
+
+        Where plain forwards (q = 1) were measured, ``t1`` is their median and ``beta`` the
+        least-squares slope through that point and the median time of each verify width in
+        the window (weighted by how often each width occurred).  Anchored there because that
+        is the cost a draft has to beat, and because a verify's cost is not a line through
+        widths: at batch 8 on the zoo target the first verified token costs ~0.5 of a plain
+        step and each next one ~0.3-0.4, so a free line through widths 3-6 put its intercept
+        at 5 ms where plain steps took 3.6 ms, and beta at 0.1.  Without a plain forward yet,
+        a free line through the window's widths; with a single width the two cannot be told
+        apart: t1 follows from the last beta.
+
+        While no verify is in the window beta is not being measured: one row drifts back to
+        the prior (its verify width is cheap, and what lost may be a slow period), a batch
+        keeps what it measured, since there a verified token's cost is structural (0.3-0.8
+        of a plain step at batch 8 on the zoo target against the prior 0.12; drifting to the
+        prior had it probe at a loss in every generation).
+
+        One window and fit per key, chosen for each decision (``_use_fit``): a window that
+        mixed row counts (a batch's last steps run a row or two; the next batch starts with
+        8) fitted lines through unrelated points, and one fit carried from the last step of
+        a generation into the first of the next: at batch 8 on `code` the batch-1 beta (0.0
+        after a warm-up) made `draft_model` draft at the first step of every generation and
+        measure 0.95x `none`."""
+        prev = self.fits.get(key)
+        beta = prev[1] if prev is not None else self._borrowed_beta(key)
         by_q: dict[int, list[float]] = {}
-        for q, t in self.forward_samples:
+        for q, t in self.forward_samples[key]:
             by_q.setdefault(q, []).append(t)
-        pts = [(q - 1, median(ts), len(ts)) for q, ts in by_q.items()]
-        if len(pts) >= 2:
-            w = sum(n for _, _, n in pts)
-            xm = sum(x * n for x, _, n in pts) / w
-            ym = sum(y * n for _, y, n in pts) / w
-            sxx = sum(n * (x - xm) ** 2 for x, _, n in pts)
-            slope = sum(n * (x - xm) * (y - ym) for x, y, n in pts) / sxx
-            t1 = ym - slope * xm
-            if t1 > 0:
-                self.t1, self.beta = t1, min(max(slope / t1, 0.0), 2.0)
-                if self.kind is not None and self.kind[0]:
-                    self.batch_beta[self.kind] = self.beta
-                return
-        x, y, _ = pts[0]
-        if x == 0:
-            # one row drifts back to the prior (its verify width is cheap, and what lost may be
-            # a slow period); a batch to what it last measured: there a verified token's cost
-            # is structural (0.6-0.8 of a plain step at batch 8 on the zoo target against the
-            # prior 0.12), and drifting to the prior had it probe at a loss in every generation
-            target = self.batch_beta.get(self.kind, self.prior_beta) if self.kind is not None and self.kind[0] else self.prior_beta
-            self.beta = 0.9 * self.beta + 0.1 * target
-        self.t1 = y / (1.0 + self.beta * x)
+        plain = self.plain_forwards.get(key)
+        verified = False
+        if plain:
+            t1 = median(plain)
+            pts = [(q - 1, median(ts), len(ts)) for q, ts in by_q.items() if q > 1]
+            if pts:
+                sxx = sum(n * x * x for x, _, n in pts)
+                beta = min(max(sum(n * x * (y / t1 - 1.0) for x, y, n in pts) / sxx, 0.0), 2.0)
+                verified = True
+            elif key[0] == 1:
+                beta = 0.9 * beta + 0.1 * self.prior_beta
+        else:
+            pts = [(q - 1, median(ts), len(ts)) for q, ts in by_q.items()]
+            t1 = None
+            if len(pts) >= 2:
+                w = sum(n for _, _, n in pts)
+                xm = sum(x * n for x, _, n in pts) / w
+                ym = sum(y * n for _, y, n in pts) / w
+                sxx = sum(n * (x - xm) ** 2 for x, _, n in pts)
+                slope = sum(n * (x - xm) * (y - ym) for x, y, n in pts) / sxx
+                if ym - slope * xm > 0:
+                    t1 = ym - slope * xm
+                    beta = min(max(slope / t1, 0.0), 2.0)
+                    verified = True
+            if t1 is None:
+                x, y, _ = pts[0]
+                t1 = y / (1.0 + beta * x)
+        if verified:
+            self.verified_beta[key] = beta
+        self.fits[key] = (t1, beta)
+        self.t1, self.beta = t1, beta
