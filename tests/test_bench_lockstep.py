@@ -63,3 +63,38 @@ def test_peak_memory_counts_what_a_run_allocates_even_when_the_heap_is_already_g
             time.sleep(0.02)
             del x
         assert mem.extra >= 6.0, mem.extra
+
+
+def test_lockstep_records_each_rounds_tokens_and_time():
+    log = []
+    a = FakeMethod("a", steps=3, step_s=0.002, log=log)
+    for _ in range(2):
+        run_lockstep([a], [[1, 2]], 8, None, True, torch.device("cpu"), {})
+    assert a.result.round_tokens == [3, 3]
+    assert len(a.result.round_seconds) == 2 and sum(a.result.round_seconds) == a.result.seconds
+
+
+def test_paired_speedup_is_the_geometric_mean_of_round_ratios_with_a_t_interval():
+    import math
+
+    import pytest
+    from lightspec_core.bench import paired_speedup
+
+    base = MethodResult("none", "lightspec", round_tokens=[10] * 4, round_seconds=[1.0, 2.0, 1.0, 2.0])
+    # every round 10% faster than the baseline's round: the machine's swings cancel, no spread
+    same = MethodResult("x", "lightspec", round_tokens=[10] * 4, round_seconds=[t / 1.1 for t in base.round_seconds])
+    mean, lo, hi = paired_speedup(same, base)
+    assert mean == pytest.approx(1.1) and lo == pytest.approx(1.1) and hi == pytest.approx(1.1)
+    # ratios 1.05 and 0.95 alternating: the interval holds 1
+    mixed = MethodResult("y", "lightspec", round_tokens=[10] * 4,
+                         round_seconds=[t / r for t, r in zip(base.round_seconds, (1.05, 0.95, 1.05, 0.95))])
+    mean, lo, hi = paired_speedup(mixed, base)
+    logs = [math.log(1.05), math.log(0.95)] * 2
+    m = sum(logs) / 4
+    sd = math.sqrt(sum((x - m) ** 2 for x in logs) / 3)
+    assert mean == pytest.approx(math.exp(m))
+    assert hi == pytest.approx(math.exp(m + 3.182 * sd / 2)) and lo < 1.0 < hi
+    # rounds that do not pair up (other tokens, one round) give no interval
+    assert paired_speedup(MethodResult("z", "l", round_tokens=[9] * 4, round_seconds=[1.0] * 4), base) is None
+    assert paired_speedup(MethodResult("z", "l", round_tokens=[10], round_seconds=[1.0]),
+                          MethodResult("b", "l", round_tokens=[10], round_seconds=[1.0])) is None

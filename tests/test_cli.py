@@ -144,6 +144,18 @@ def test_cli_bench_batch_repeat_repeats_batched_runs_only(capsys, model_dir, tmp
     assert report["repeat"] == 1 and report["batch_repeat"] == 3 and report["interleave"] == "batch"
     (run,) = report["runs"]
     (w,) = run["workloads"].values()
+    by_name = {r["name"]: r for r in w["results"]}
+    assert set(by_name) == {"none", "ngram", "none (control)"}  # batched: a second `none` shows the spread
     for r in w["results"]:
         assert r["error"] is None and r["tokens"] == 3 * 2 * 4, r
-    assert "batched runs 3×" in out_md.read_text() and "interleaved batch by batch" in out_md.read_text()
+        assert r["round_tokens"] == [2 * 4] * 3 and len(r["round_seconds"]) == 3
+        if r["name"] != "none":  # the 95% interval of the paired rounds against `none`
+            lo, hi = r["speedup_ci95"]
+            assert 0 < lo <= hi
+    md = out_md.read_text()
+    assert "batched runs 3×" in md and "interleaved batch by batch" in md and "95% interval" in md
+    rc, out, err = run_cli(["bench", "--model", model_dir, "--prompts", str(prompts), "--strategy", "none",
+                            "--max-new-tokens", "2", "--batch-size", "2", "--no-control", "--json", str(out_json)], capsys)
+    assert rc == 0, err
+    (w,) = json.loads(out_json.read_text())["runs"][0]["workloads"].values()
+    assert [r["name"] for r in w["results"]] == ["none"]

@@ -11,6 +11,7 @@ are compared token by token with HF vanilla.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import threading
@@ -46,6 +47,11 @@ class MethodResult:
     identical: int | None = None
     checked: int | None = None  # how many outputs had an HF vanilla greedy reference
     error: str | None = None
+    # per timed round (one batch of prompts run once): new tokens and seconds; lockstep
+    # rounds of two methods ran at the same time, so their ratios pair up (``paired_speedup``)
+    round_tokens: list[int] = field(default_factory=list)
+    round_seconds: list[float] = field(default_factory=list)
+    speedup_ci95: tuple[float, float] | None = None  # against the workload's baseline, set by ``main``
 
     @property
     def tokens_per_s(self) -> float:
@@ -70,7 +76,35 @@ class MethodResult:
                                   else self.overhead_s / self.step_s if self.step_s else None),
             "overhead_fraction_lockstep": self.overhead_s / self.step_s if self.step_s else None,
             "identical_to_hf": self.identical, "identical_checked": self.checked, "error": self.error,
+            "speedup_ci95": list(self.speedup_ci95) if self.speedup_ci95 else None,
+            "round_tokens": self.round_tokens, "round_seconds": self.round_seconds,
         }
+
+
+# two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (then the normal's)
+_T95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def paired_speedup(a: MethodResult, b: MethodResult) -> tuple[float, float, float] | None:
+    """``a``'s speed relative to ``b``'s from their paired rounds: (geometric mean of the
+    per-round ratios, and its 95% confidence interval from Student's t on their logs).
+
+    In lockstep both methods ran every round's prompts at the same time, so a slow second
+    of the shared machine hits both rounds alike and cancels in their ratio; what is left
+    varies from round to round, and the interval says how far the mean can be trusted.
+    A ratio whose interval holds 1 is not measurably different.  None with fewer than 2
+    paired rounds (or rounds that did not produce the same tokens)."""
+    n = len(a.round_seconds)
+    if n < 2 or n != len(b.round_seconds) or a.round_tokens != b.round_tokens:
+        return None
+    logs = [math.log(tb / ta) for ta, tb in zip(a.round_seconds, b.round_seconds) if ta > 0 and tb > 0]
+    if len(logs) != n:
+        return None
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    half = (_T95[n - 2] if n - 1 <= len(_T95) else 1.96) * sd / math.sqrt(n)
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 # lockstep runs measure peak memory this many times per method and workload and keep the
@@ -361,12 +395,13 @@ def load_prompt_sets(prompts_file, suite, limit) -> dict[str, list[str]]:
     return {os.path.basename(prompts_file): ps[:limit] if limit else ps}
 
 
+CONTROL = "none (control)"  # the label of the second `none` pipeline in batched runs
 SUITE_CONFIGS = [(1, 0.0), (8, 0.0), (1, 0.8), (8, 0.8)]  # (batch size, temperature)
 
 
 def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=None, limit=None, max_new_tokens=64,
          batch_size=1, temperature=0.0, hf_lookup_tokens=10, with_hf=True, device=None, dtype=None, json_out=None,
-         md_out=None, lean_target=True, repeat=1, seed=None, batch_repeat=None, interleave="step"):
+         md_out=None, lean_target=True, repeat=1, seed=None, batch_repeat=None, interleave="step", control=True):
     import sys
 
     from transformers import AutoTokenizer
@@ -405,6 +440,11 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
             pipes[name] = MTPPipeline(target, tok, strategy=name, draft_model=draft, lean_target=lean_target)
         except LightSpecError as exc:
             click.echo(f"skipping {name}: {exc}", err=True)
+    # batched runs compare with LightSpec's own `none`; a second, identical `none` pipeline
+    # measured beside it shows how far two identical methods differ on this machine
+    control_pipe = None
+    if control and "none" in pipes and any(bs > 1 for bs, _ in configs):
+        control_pipe = MTPPipeline(target, tok, strategy="none", lean_target=lean_target)
     report = {"command": "lightspec bench", "command_line": "lightspec " + " ".join(sys.argv[1:]), "model": str(model),
               "draft_model": str(draft_model) if draft_model else None, "device": str(dev),
               "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "repeat": repeat,
@@ -417,7 +457,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
             n = max(limit, bs) if suite and limit else len(prompts)
             ids = [tok(p)["input_ids"] for p in prompts[:n]]
             reps = batch_repeat if bs > 1 and batch_repeat else repeat
-            results = run_workload(target, draft, pipes, ids, max_new_tokens, bs, temp, hf_lookup_tokens,
+            run_pipes = {**pipes, CONTROL: control_pipe} if control_pipe is not None and bs > 1 else pipes
+            results = run_workload(target, draft, run_pipes, ids, max_new_tokens, bs, temp, hf_lookup_tokens,
                                    with_hf, dev, f"{wname} b{bs} t{temp}", reps, seed, interleave)
             vanilla = next((r for r in results if r.name == "hf_vanilla" and not r.error), None)
             if temp == 0 and bs == 1 and vanilla is not None:
@@ -430,6 +471,10 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
                     if not r.error and r.name != "hf_vanilla":
                         pairs = list(zip(r.outputs, ref))  # the prompts that have an HF reference
                         r.identical, r.checked = sum(a == b for a, b in pairs), len(pairs)
+            if vanilla is not None:
+                for r in results:
+                    ci = None if r is vanilla or r.error else paired_speedup(r, vanilla)
+                    r.speedup_ci95 = ci[1:] if ci else None
             vt = vanilla.tokens_per_s if vanilla else None
             run["workloads"][wname] = {"prompts": len(ids), "baseline": vanilla.name if vanilla else None,
                                        "results": [r.to_dict(vt) for r in results]}
@@ -500,12 +545,16 @@ def run_lockstep(methods: list, chunk: list[list[int]], max_new: int, seed: int 
     """Run ``chunk`` with every method at once, one decoding step of each in turn (in the
     given order), adding each method's running time to its result."""
     lanes = [Lane(m, chunk, max_new, seed, record, device) for m in methods]
+    tokens_before = {id(lane): lane.method.result.tokens for lane in lanes}
     while lanes:
         for lane in list(lanes):
             lane.step()
             if lane.done:
                 lanes.remove(lane)
-                lane.method.result.seconds += lane.busy
+                res = lane.method.result
+                res.seconds += lane.busy
+                res.round_seconds.append(lane.busy)
+                res.round_tokens.append(res.tokens - tokens_before[id(lane)])
                 if lane.error is not None:
                     failed[lane.method.result.name] = f"{type(lane.error).__name__}: {lane.error}"
 
@@ -566,10 +615,15 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
                 continue
             for m in order:
                 if m.result.name not in failed:
+                    res = m.result
+                    before = (res.tokens, res.seconds)
                     try:
                         m.run(chunk, max_new, seed=chunk_seed, record=r == 0)
                     except Exception as exc:
                         failed[m.result.name] = f"{type(exc).__name__}: {exc}"
+                    else:
+                        res.round_tokens.append(res.tokens - before[0])
+                        res.round_seconds.append(res.seconds - before[1])
                 bar.update(len(chunk))
     if interleave == "step":
         # after the timed runs, as the batch mode measures during them: the allocator has
@@ -591,19 +645,21 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
 
 
 def format_table(wname: str, w: dict, n: int) -> str:
+    from .report import speedup_text
+
     lines = [f"\n== {wname} ({n} prompts; speed-up vs {w['baseline']}) ==",
-             f"{'method':<24}{'tok/s':>9}{'speed-up':>10}{'acc.len':>9}{'accept':>8}{'overhead':>10}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
+             f"{'method':<24}{'tok/s':>9}{'speed-up (95% CI)':>22}{'acc.len':>9}{'accept':>8}{'overhead':>10}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
     for r in w["results"]:
         if r["error"]:
             lines.append(f"{r['name']:<24} error: {r['error'][:90]}")
             continue
-        sp = f"{r['speedup_vs_hf']:.2f}x" if r["speedup_vs_hf"] else "-"
+        sp = speedup_text(r, "x")
         al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
         ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
         ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
         ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{r.get('identical_checked') or n}"
         pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8])
-        lines.append(f"{r['name']:<24}{r['tokens_per_s']:>9.1f}{sp:>10}{al:>9}{ac:>8}{ov:>10}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
+        lines.append(f"{r['name']:<24}{r['tokens_per_s']:>9.1f}{sp:>22}{al:>9}{ac:>8}{ov:>10}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
     return "\n".join(lines)
 
 

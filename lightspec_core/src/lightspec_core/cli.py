@@ -247,14 +247,16 @@ def strategies(as_json):
 @click.option("--interleave", default="step", show_default=True,
               help="step: run all methods on each batch of prompts at once, one decoding step of each in turn, "
                    "each timed on its own (steadiest ratios); batch: one method after the other per batch.")
+@click.option("--control/--no-control", default=True, show_default=True,
+              help="Batched runs: also measure a second `none` pipeline, which shows how far two identical methods differ here.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (1 gives the steadiest timings on a shared CPU).")
 @click.option("--json", "json_out", default=None, help="Write results as JSON to this file.")
 @click.option("--markdown", "md_out", default=None, help="Write the tables (and plots) to this Markdown file.")
 @click.option("--lean-target/--hf-target", default=True, show_default=True,
               help="Run the target through LightSpec's exact lean forward when it reproduces HF's bit for bit (Llama family); --hf-target forces HF's forward.")
 def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_tokens, batch_size, temperature,
-          hf_lookup_tokens, no_hf, device, dtype, seed, repeat, batch_repeat, interleave, threads, json_out, md_out,
-          lean_target):
+          hf_lookup_tokens, no_hf, device, dtype, seed, repeat, batch_repeat, interleave, control, threads, json_out,
+          md_out, lean_target):
     """Compare LightSpec strategies with HF transformers generate on the same prompts."""
     from . import bench as bench_mod
 
@@ -269,7 +271,7 @@ def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_t
                    suite=suite, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size,
                    temperature=temperature, hf_lookup_tokens=hf_lookup_tokens, with_hf=not no_hf, device=device,
                    dtype=dtype, json_out=json_out, md_out=md_out, lean_target=lean_target, repeat=repeat, seed=seed,
-                   batch_repeat=batch_repeat, interleave=interleave)
+                   batch_repeat=batch_repeat, interleave=interleave, control=control)
 
 
 def main(argv=None) -> int:

@@ -73,6 +73,15 @@ def overall(run: dict) -> list[dict]:
             for n, (a, b) in tot.items()]
 
 
+def speedup_text(r: dict, times: str = "×") -> str:
+    """A result's speed-up against its workload's baseline, with the 95% confidence interval
+    of the paired rounds where there is one (``bench.paired_speedup``): "0.99× (0.97-1.01)"."""
+    if not r["speedup_vs_hf"]:
+        return "-"
+    ci = r.get("speedup_ci95")
+    return f"{r['speedup_vs_hf']:.2f}{times}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+
+
 def _run_tables(report: dict) -> list[str]:
     lines = ["| method (all workloads) | tok/s | speed-up vs " + str(next(iter(report["workloads"].values()))["baseline"]) + " |",
              "|---|---:|---:|"]
@@ -81,14 +90,14 @@ def _run_tables(report: dict) -> list[str]:
         lines.append(f"| {o['name']} | {o['tokens_per_s']:.1f} | {sp} |")
     lines.append("")
     for wname, w in report["workloads"].items():
-        lines += [f"#### {wname} ({w['prompts']} prompts; speed-up vs {w['baseline']})", "",
+        lines += [f"#### {wname} ({w['prompts']} prompts; speed-up vs {w['baseline']}, with the 95% interval of the paired rounds)", "",
                   "| method | tok/s | speed-up | mean accepted length | acceptance | overhead | +peak mem (MB) | identical | per-position acceptance |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in w["results"]:
             if r["error"]:
                 lines.append(f"| {r['name']} | error: {escape(r['error'][:80])} | | | | | | | |")
                 continue
-            sp = f"{r['speedup_vs_hf']:.2f}×" if r["speedup_vs_hf"] else "-"
+            sp = speedup_text(r, "×")
             al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
             ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
             ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
