@@ -4,6 +4,8 @@ batch-wide draft length, and the static policy."""
 
 from __future__ import annotations
 
+from statistics import median
+
 import pytest
 import torch
 from lightspec_core.budget import DynamicBudget, StaticBudget
@@ -736,3 +738,51 @@ def test_a_batch_size_never_verified_borrows_the_nearest_beta_and_probes_one_tok
     p.lightspec_on_stats(rows_step(8, 3 * T1 * 1.9, drafted=1, accepted=1))
     p.lightspec_on_stats(rows_step(8, 3 * T1 * 1.9, drafted=1, accepted=1))  # now 0.9 a token (the median)
     assert k_of(p, good) == [0] * 8  # no draft length pays for the batch's margin then
+
+
+def test_a_batch_that_keeps_choosing_plain_decoding_decides_ever_less_often():
+    """Each further k = 0 doubles the interval before the next decision (RECHECK, 2 RECHECK,
+    ... up to MAX_RECHECK); a decision to draft, or a new generation, starts it over."""
+    from lightspec_core.budget import MAX_RECHECK, RECHECK
+
+    p = DynamicBudget(beta=0.3, draft_cost=0.05)
+    calibrate(p, 8)
+    bad, good = [history(0, 40)] * 8, [history(40, 1)] * 8
+
+    def plain_steps_until_decided(h):
+        n = 0
+        while True:
+            decided = p.recheck == 0
+            k = k_of(p, h)[0]
+            if decided:
+                return n, k
+            n += 1
+
+    assert k_of(p, bad) == [0] * 8
+    waits = [plain_steps_until_decided(bad)[0] for _ in range(4)]
+    assert waits == [RECHECK, 2 * RECHECK, 4 * RECHECK, MAX_RECHECK]
+    n, k = plain_steps_until_decided(good)
+    assert n == MAX_RECHECK and k >= 3  # decided after the longest wait, and drafts
+    assert k_of(p, bad) == [0] * 8
+    assert plain_steps_until_decided(bad)[0] == RECHECK  # starts over after drafting
+    p.reset()
+    assert k_of(p, bad) == [0] * 8
+    assert plain_steps_until_decided(bad)[0] == RECHECK  # and in a new generation
+
+
+def test_a_batchs_plain_steps_are_fitted_when_a_decision_reads_them():
+    """A batch's plain step only records its forward; the fit (t1 = the plain forwards'
+    median, beta through the verify widths) runs at the next decision, with the same
+    result as fitting on every step."""
+    lazy, eager = DynamicBudget(), DynamicBudget()
+    for p in (lazy, eager):
+        p.lightspec_on_stats(rows_step(8, 3 * T1))
+        p.lightspec_on_stats(rows_step(8, 4.5 * T1, drafted=1, accepted=1))
+    for i in range(10):
+        for p in (lazy, eager):
+            p.lightspec_on_stats(rows_step(8, (2.5 + 0.1 * i) * T1))
+        eager._fit_forward_cost((8, True))
+    assert (8, True) in lazy.unfitted and lazy.fits[(8, True)][0] == pytest.approx(3 * T1)
+    k_of(lazy, [history(0, 40)] * 8)
+    assert lazy.fits[(8, True)] == pytest.approx(eager.fits[(8, True)]) and not lazy.unfitted
+    assert lazy.t1 == pytest.approx(median([3 * T1] + [(2.5 + 0.1 * i) * T1 for i in range(10)]))

@@ -40,8 +40,10 @@ moves by 2x between identical calls):
 
 In a batch every row pays for the widest verify, so the batch shares one draft length:
 the k that maximises the batch's expected tokens per unit of time.  A batch that chose
-k = 0 decides again only after ``RECHECK`` more plain steps (its estimates move little in
-a step, and the decision cost ~1% of a batch-8 step).
+k = 0 decides again only after ``RECHECK`` more plain steps, doubling up to
+``MAX_RECHECK`` while it keeps choosing 0 (its estimates move little in a step, and the
+decision cost ~1% of a batch-8 step); its plain steps' forward times are fitted when a
+decision reads them, not on every step.
 
 The model above can be wrong in ways it cannot see (at batch 8 a verify's extra width
 costs more than at batch 1, rows without an n-gram match gain nothing, padding and
@@ -127,6 +129,10 @@ MAX_SCALE = 1.5  # the scale is for what the model misses; a slow period is the 
 # its inputs (decayed acceptance, drifting costs) move little in a step, and deciding cost
 # ~70 us of a ~6 ms batch-8 step (1.2%, in every step of a batch that has backed off)
 RECHECK = 2
+# ... and each time it chooses plain decoding again, the interval doubles, up to this many
+# steps (a batch that backed off at batch 8 on the zoo target re-decided on every third
+# step, ~20 us a step on average, 0.6% of a 3.5 ms step, for the same answer)
+MAX_RECHECK = 8
 # a batch charges a model drafter's catch-up (the prefill of every token its cache missed
 # since it last drafted: ~10 ms for the zoo draft at batch 8 after a pause, 2-3 plain steps)
 # as a fixed cost spread over this many speculative steps, when it did not draft last step
@@ -220,6 +226,7 @@ class DynamicBudget:
         self.plain_forwards: dict[tuple[int, bool], deque[float]] = {}
         self.fits: dict[tuple[int, bool], tuple[float, float]] = {}
         self.verified_beta: dict[tuple[int, bool], float] = {}
+        self.unfitted: set[tuple[int, bool]] = set()  # keys whose window changed since their fit
         self.draft_samples: dict[str, deque[tuple[int, float]]] = {}  # (tokens drafted, cost relative to t1)
         self.t1: float | None = None
         self.beta = beta
@@ -244,6 +251,7 @@ class DynamicBudget:
         self.hold = 0  # steps of plain decoding left before probing again
         self.recheck = 0  # plain steps left before a batch decides again (RECHECK)
         self.recheck_rows = 0  # ... of that many rows
+        self.recheck_every = RECHECK  # the interval, doubling while the batch keeps choosing k = 0
         self.backoff = GUARD_HOLD
         # per kind of batch (several rows?, greedy?): decayed mean of spent / plain-equivalent
         # time over recent guard windows, kept across generations
@@ -276,9 +284,10 @@ class DynamicBudget:
         # step does more bookkeeping than a plain one (per-row acceptance, cache rollback),
         # which at batch 8 is several percent of a step
         self.overhead: dict[bool, deque[float]] = {False: deque(maxlen=16), True: deque(maxlen=16)}
-        self.spec_overhead = 0.0
+        self._spec_overhead: float | None = 0.0  # None: recompute (``spec_overhead``)
         self.first_spec = True  # no speculative step yet in this generation
         self._tensors: dict[tuple, torch.Tensor] = {}  # _tensor's cache
+        self._plain_budgets: dict[tuple, Budget] = {}  # _plain's
 
     def reset(self) -> None:
         self._end_generation()
@@ -295,7 +304,8 @@ class DynamicBudget:
             self.carried[self.kind] = (self.hold, self.backoff)
         self.spec_window.clear()
         self.hold = 0
-        self.recheck = 0
+        self.recheck = self.recheck_rows = 0
+        self.recheck_every = RECHECK
         self.backoff = GUARD_HOLD
         self.fresh = True
         self.hits.clear()
@@ -320,13 +330,13 @@ class DynamicBudget:
         if key not in self.plain_forwards:
             # calibrate: one plain step measures what a target forward over this many rows costs
             return self._plain(B, ctx.device)
-        self._use_fit(key)
         if self.hold > 0:  # the guard saw speculation lose: decode plainly for a while
             self.hold -= 1
             return self._plain(B, ctx.device)
         if self.recheck > 0 and self.recheck_rows == B:  # this batch chose plain decoding a step or two ago (RECHECK)
             self.recheck -= 1
             return self._plain(B, ctx.device)
+        self._use_fit(key)
         pooled = self.pooled_acceptance("")
         accs = [h.acceptance(prior=pooled) for h in ctx.history]
         pooled_hit = self.pooled_hit_rate()
@@ -346,7 +356,11 @@ class DynamicBudget:
             k = 1
         self.last_k = k
         if k == 0 and B > 1:
-            self.recheck, self.recheck_rows = RECHECK, B
+            again = self.recheck_rows == B  # it chose plain decoding at its last decision too
+            self.recheck_every = min(2 * self.recheck_every, MAX_RECHECK) if again else RECHECK
+            self.recheck, self.recheck_rows = self.recheck_every, B
+        elif k:
+            self.recheck_rows = 0
         by_source: dict[str, list[int]] = {}
         if k and len(self.draft_cost) > 1:  # per-source limits only matter between several drafters
             for src, cost in self.draft_cost.items():
@@ -365,6 +379,16 @@ class DynamicBudget:
         return Budget(self._tensor((k,) * B, ctx.device), self._thresholds(ctx), by_source=by_source,
                       free_max_draft=free)
 
+    @property
+    def spec_overhead(self) -> float:
+        """The extra engine overhead of a speculative step over a plain one, relative to
+        ``t1``: the difference of the two windows' medians (0 until both hold a sample).
+        Computed when read (a decision, a speculative step's modelled cost), not on every step."""
+        if self._spec_overhead is None:
+            spec, plain = self.overhead[True], self.overhead[False]
+            self._spec_overhead = max(0.0, median(spec) - median(plain)) if spec and plain else 0.0
+        return self._spec_overhead
+
     def _catch_up(self, source: str, rows: int) -> float:
         """What resuming ``source`` costs a batch per speculative step, in plain steps: its
         measured catch-up (``setup_cost``) over ``SETUP_HORIZON`` steps, when it did not
@@ -379,15 +403,21 @@ class DynamicBudget:
         return self._tensor(tuple(self.threshold.get(r, self.base_confidence) for r in ctx.row_ids), ctx.device)
 
     def _plain(self, rows: int, device) -> Budget:
-        """No drafting this step (the thresholds are then unused: the base one for every row)."""
-        return Budget(self._tensor((0,) * rows, device), self._tensor((float(self.base_confidence),) * rows, device))
+        """No drafting this step (the thresholds are then unused: the base one for every row).
+        One object per batch size, reused: a batch that backed off returns it on most steps."""
+        key = (rows, device)
+        b = self._plain_budgets.get(key)
+        if b is None:
+            b = self._plain_budgets[key] = Budget(self._tensor((0,) * rows, device),
+                                                  self._tensor((float(self.base_confidence),) * rows, device))
+        return b
 
     def _tensor(self, values: tuple, device) -> torch.Tensor:
         """A tensor of ``values`` (int64 for ints, float32 for floats), made once and then
         reused: a budget returns the same few small tensors step after step, and a tensor
         made right after a forward costs ~5 us on a cold cache.  Read-only by contract
         (``Budget.max_draft`` and ``min_confidence`` are never written in place)."""
-        key = (values, str(device))
+        key = (values, device)  # the device object itself: str(torch.device) costs ~5 us
         t = self._tensors.get(key)
         if t is None:
             if len(self._tensors) > 256:
@@ -662,7 +692,14 @@ class DynamicBudget:
             if event.verify_tokens == 1 and event.target_forward_s > 0:
                 # kept apart: while a batch speculates, its window soon holds no plain forward
                 self.plain_forwards.setdefault(key, deque(maxlen=16)).append(event.target_forward_s)
-            self._fit_forward_cost(key)
+            if key[0] > 1 and event.drafted_max == 0 and key in self.fits:
+                # a batch's plain step: refitted when a decision reads it (``_use_fit``).  Its
+                # beta does not drift, so the fit is a function of the window alone, and a
+                # batch that backed off decides only every few steps (``recheck_every``)
+                self.unfitted.add(key)
+                self.t1, self.beta = self.fits[key]
+            else:
+                self._fit_forward_cost(key)
         timed = _timed_drafters(event)
         if self.t1:
             # the draft stage is costed as draft tokens (draft_cost): leave it out here.  When
@@ -675,8 +712,7 @@ class DynamicBudget:
             if not (spec and self.first_spec):
                 self.overhead[spec].append(max(0.0, event.overhead_s - drafting) / self.t1)
             self.first_spec = self.first_spec and not spec
-            if self.overhead[False] and self.overhead[True]:
-                self.spec_overhead = max(0.0, median(self.overhead[True]) - median(self.overhead[False]))
+            self._spec_overhead = None
         # the components that drafted (a cascade's row is labelled "ngram+draft_model")
         used = {part for s, d in zip(event.sources, event.drafted) if d for part in s.split("+")} | set(timed)
         if self.t1 and len(timed) == 1 and len(event.row_ids) > 1 and event.draft_setup_s > 0:
@@ -761,6 +797,8 @@ class DynamicBudget:
     def _use_fit(self, key: tuple[int, bool]) -> None:
         """Point ``t1`` and ``beta`` at the fit for ``key``; a key never fitted keeps ``t1``
         (its calibration step fits it) and borrows beta (``_borrowed_beta``)."""
+        if key in self.unfitted:
+            self._fit_forward_cost(key)
         fit = self.fits.get(key)
         self.t1, self.beta = fit if fit is not None else (self.t1, self._borrowed_beta(key))
 
@@ -831,6 +869,7 @@ class DynamicBudget:
             if t1 is None:
                 x, y, _ = pts[0]
                 t1 = y / (1.0 + beta * x)
+        self.unfitted.discard(key)
         if verified:
             self.verified_beta[key] = beta
         self.fits[key] = (t1, beta)
