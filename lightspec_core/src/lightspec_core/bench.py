@@ -107,6 +107,13 @@ def paired_speedup(a: MethodResult, b: MethodResult) -> tuple[float, float, floa
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+# every method first runs a workload's first batch for this many new tokens, untimed, at the
+# batch size of the timed runs: the one-time costs of a batch shape stay out of them (the
+# first batch-8 generation of a process measured 610-1110 ms against ~500 for the next
+# ones: first-touch allocations of the KV caches, and the budget's calibration and one-token
+# probe at a batch size it never saw, ~14 ms once per process and batch size)
+WARM_UP_TOKENS = 8
+
 # lockstep runs measure peak memory this many times per method and workload and keep the
 # lowest: the first run may include one-time allocations (measured: `none` at batch 8,
 # 128 MB on its first run, 111 MB on its second)
@@ -235,10 +242,11 @@ class HFMethod(_Method):
         if temperature > 0:
             self.kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
 
-    def warm_up(self, prompt: list[int]) -> None:
-        warm = torch.tensor([prompt], device=self.device)
+    def warm_up(self, chunk: list[list[int]]) -> None:
+        """An untimed run of the first prompt (HF methods run batch 1 only)."""
+        warm = torch.tensor([chunk[0]], device=self.device)
         with torch.inference_mode():
-            self.model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=4, **self.kwargs)
+            self.model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=WARM_UP_TOKENS, **self.kwargs)
 
     def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True, pause=None) -> None:
         """Generate for ``chunk``.  ``pause``: called after every decoding step (lockstep
@@ -299,8 +307,9 @@ class LightSpecMethod(_Method):
         self.collect = lambda event: self.steps_log.append(event) if event.kind == "step" else None
         pipe.bound.sinks.append(self.collect)
 
-    def warm_up(self, prompt: list[int]) -> None:
-        self.pipe.generate([prompt], max_new_tokens=4, ignore_eos=True, temperature=self.temperature)
+    def warm_up(self, chunk: list[list[int]]) -> None:
+        """An untimed run of a workload's first batch, at the batch size of the timed runs."""
+        self.pipe.generate(chunk, max_new_tokens=WARM_UP_TOKENS, ignore_eos=True, temperature=self.temperature)
         self.steps_log.clear()
 
     def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True, pause=None) -> None:
@@ -601,7 +610,7 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
     with tqdm(total=len(methods) * len(ids) * repeat, desc=f"bench {label}", unit="prompt", leave=False) as bar:
         for m in methods:
             try:
-                m.warm_up(ids[0])
+                m.warm_up(chunks[0])
             except Exception as exc:  # a method this model/transformers cannot run is reported, not fatal
                 failed[m.result.name] = f"{type(exc).__name__}: {exc}"
         rounds = [(r, c, chunk) for r in range(repeat) for c, chunk in enumerate(chunks)]
