@@ -786,3 +786,26 @@ def test_a_batchs_plain_steps_are_fitted_when_a_decision_reads_them():
     k_of(lazy, [history(0, 40)] * 8)
     assert lazy.fits[(8, True)] == pytest.approx(eager.fits[(8, True)]) and not lazy.unfitted
     assert lazy.t1 == pytest.approx(median([3 * T1] + [(2.5 + 0.1 * i) * T1 for i in range(10)]))
+
+
+def test_the_forward_window_keeps_each_widths_median_as_samples_arrive_and_leave():
+    """``_ForwardWindow`` groups its last ``size`` forwards by verify width incrementally;
+    its medians equal those of the window rebuilt from scratch after every append."""
+    import random
+    from collections import deque
+
+    from lightspec_core.budget import _ForwardWindow, _MedianWindow
+
+    rng = random.Random(0)
+    win, ref, plain, ref_plain = _ForwardWindow(8), deque(maxlen=8), _MedianWindow(5), deque(maxlen=5)
+    for _ in range(300):
+        q, t = rng.choice((1, 1, 2, 5)), rng.choice((1.0, 2.0, 2.0, 3.5))  # repeated values leave too
+        win.append(q, t)
+        ref.append((q, t))
+        plain.append(t)
+        ref_plain.append(t)
+        groups: dict[int, list[float]] = {}
+        for qq, tt in ref:
+            groups.setdefault(qq, []).append(tt)
+        assert sorted(win.medians()) == sorted((qq, median(ts), len(ts)) for qq, ts in groups.items())
+        assert len(win) == len(ref) and plain.median() == median(ref_plain)

@@ -144,6 +144,66 @@ def _timed_drafters(event) -> dict[str, tuple[float, int]]:
     return {src: v for src, v in event.draft_by_source.items() if v[1] > 0}
 
 
+class _MedianWindow:
+    """The last ``size`` values, with their median kept until the next one arrives (a batch-1
+    policy reads it on every step)."""
+
+    def __init__(self, size: int):
+        self.values: deque[float] = deque(maxlen=size)
+        self._median: float | None = None
+
+    def append(self, value: float) -> None:
+        self.values.append(value)
+        self._median = None
+
+    def median(self) -> float:
+        if self._median is None:
+            self._median = median(self.values)
+        return self._median
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+class _ForwardWindow:
+    """The last ``size`` target forwards of one cost key as (verify width q, seconds), kept
+    grouped by width as they arrive and leave, with each width's median cached until its
+    group changes: a step changes at most two groups, and the fit reads every group's
+    median on every step at batch 1 (rebuilding the groups and all medians from the window
+    took about half of the budget's per-step statistics)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.samples: deque[tuple[int, float]] = deque()
+        self.by_q: dict[int, list[float]] = {}
+        self._medians: dict[int, float] = {}
+
+    def append(self, q: int, seconds: float) -> None:
+        if len(self.samples) == self.size:
+            q0, t0 = self.samples.popleft()
+            group = self.by_q[q0]
+            group.remove(t0)
+            if not group:
+                del self.by_q[q0]
+            self._medians.pop(q0, None)
+        self.samples.append((q, seconds))
+        self.by_q.setdefault(q, []).append(seconds)
+        self._medians.pop(q, None)
+
+    def medians(self) -> list[tuple[int, float, int]]:
+        """(q, median seconds, count) for every width in the window, in first-seen order."""
+        out = []
+        for q, group in self.by_q.items():
+            m = self._medians.get(q)
+            if m is None:
+                m = self._medians[q] = median(group)
+            out.append((q, m, len(group)))
+        return out
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+
 @dataclass
 class _Generation:
     """One ``generate`` call's totals, for the budget's end-of-generation check."""
@@ -222,8 +282,8 @@ class DynamicBudget:
         # forwards and, kept apart, recent plain forwards' seconds (see ``_fit_forward_cost``);
         # the fit per key, and the beta last fitted from verifies per key.  ``t1`` and ``beta``
         # are the fit of the batch being decided or measured (``_use_fit``)
-        self.forward_samples: dict[tuple[int, bool], deque[tuple[int, float]]] = {}
-        self.plain_forwards: dict[tuple[int, bool], deque[float]] = {}
+        self.forward_samples: dict[tuple[int, bool], _ForwardWindow] = {}
+        self.plain_forwards: dict[tuple[int, bool], _MedianWindow] = {}
         self.fits: dict[tuple[int, bool], tuple[float, float]] = {}
         self.verified_beta: dict[tuple[int, bool], float] = {}
         self.unfitted: set[tuple[int, bool]] = set()  # keys whose window changed since their fit
@@ -688,10 +748,10 @@ class DynamicBudget:
         """Update the cost estimates from one step's measurements."""
         if event.verify_tokens >= 1 and event.row_ids:
             key = self._cost_key(len(event.row_ids))
-            self.forward_samples.setdefault(key, deque(maxlen=32)).append((event.verify_tokens, event.target_forward_s))
+            self.forward_samples.setdefault(key, _ForwardWindow(32)).append(event.verify_tokens, event.target_forward_s)
             if event.verify_tokens == 1 and event.target_forward_s > 0:
                 # kept apart: while a batch speculates, its window soon holds no plain forward
-                self.plain_forwards.setdefault(key, deque(maxlen=16)).append(event.target_forward_s)
+                self.plain_forwards.setdefault(key, _MedianWindow(16)).append(event.target_forward_s)
             if key[0] > 1 and event.drafted_max == 0 and key in self.fits:
                 # a batch's plain step: refitted when a decision reads it (``_use_fit``).  Its
                 # beta does not drift, so the fit is a function of the window alone, and a
@@ -839,14 +899,12 @@ class DynamicBudget:
         measure 0.95x `none`."""
         prev = self.fits.get(key)
         beta = prev[1] if prev is not None else self._borrowed_beta(key)
-        by_q: dict[int, list[float]] = {}
-        for q, t in self.forward_samples[key]:
-            by_q.setdefault(q, []).append(t)
+        widths = self.forward_samples[key].medians()  # (q, median seconds, count)
         plain = self.plain_forwards.get(key)
         verified = False
         if plain:
-            t1 = median(plain)
-            pts = [(q - 1, median(ts), len(ts)) for q, ts in by_q.items() if q > 1]
+            t1 = plain.median()
+            pts = [(q - 1, m, n) for q, m, n in widths if q > 1]
             if pts:
                 sxx = sum(n * x * x for x, _, n in pts)
                 beta = min(max(sum(n * x * (y / t1 - 1.0) for x, y, n in pts) / sxx, 0.0), 2.0)
@@ -854,7 +912,7 @@ class DynamicBudget:
             elif key[0] == 1:
                 beta = 0.9 * beta + 0.1 * self.prior_beta
         else:
-            pts = [(q - 1, median(ts), len(ts)) for q, ts in by_q.items()]
+            pts = [(q - 1, m, n) for q, m, n in widths]
             t1 = None
             if len(pts) >= 2:
                 w = sum(n for _, _, n in pts)
