@@ -204,3 +204,38 @@ def test_every_cpu_kernel_builds_where_it_can():
         pytest.skip("no x86-64 CPU with AVX2 and a C compiler here")
     for module in (cpu_linear, cpu_attention, cpu_norm_rope):
         assert module.available(), module.reason()
+
+
+@needs_kernel
+@pytest.mark.parametrize("half", [True, False], ids=["f16", "f32"])
+@pytest.mark.parametrize("n,k,m", [(1, 5, 1), (17, 7, 3), (191, 64, 2), (193, 64, 9), (8192, 384, 3), (8192, 384, 24)])
+def test_the_fused_argmax_is_the_argmax_of_the_kernels_own_outputs(gen, half, n, k, m):
+    """``bind(...).argmax(x)`` equals ``argmax`` over ``bind(...)(x)``: the first maximum in
+    column order, across strip boundaries and thread counts (also for rows with ties and
+    NaNs, which count as the largest value, as in torch.argmax)."""
+    w = weight(gen, n, k, half)
+    bias = torch.randn(n, generator=gen) if n % 2 else None
+    fn = cpu_linear.bind(cpu_linear.pack(w), bias)
+    x = torch.randn(2, m, k, generator=gen)
+    assert torch.equal(fn.argmax(x), fn(x).argmax(-1))
+    assert fn.argmax(x).shape == (2, m) and fn.argmax(x).dtype == torch.int64
+    assert torch.equal(fn.argmax(x), cpu_linear.linear_argmax_ref(x, cpu_linear.pack(w), bias))
+    # ties: the same best value in several columns (a zero weight row ties every column at the bias)
+    wt = w.clone()
+    wt[:] = 0.0
+    flat = cpu_linear.bind(cpu_linear.pack(wt))
+    assert torch.equal(flat.argmax(x), torch.zeros(2, m, dtype=torch.int64))
+    # NaN: the first NaN wins over any number, later columns too
+    if n > 2:
+        xn = x.clone()
+        wn = w.clone()
+        wn[n - 1, 0] = float("nan")
+        wn[n // 2, 0] = float("nan")
+        nan_fn = cpu_linear.bind(cpu_linear.pack(wn, half=False))
+        assert torch.equal(nan_fn.argmax(xn), torch.full((2, m), n // 2, dtype=torch.int64))
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(fn.argmax(x), fn(x).argmax(-1))
+    finally:
+        torch.set_num_threads(old)

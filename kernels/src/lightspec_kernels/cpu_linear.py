@@ -134,6 +134,9 @@ def _library() -> ctypes.CDLL | None:
         for fn in (lib.ls_linear_f16, lib.ls_linear_f32):
             fn.argtypes = args
             fn.restype = None
+        for fn in (lib.ls_linear_argmax_f16, lib.ls_linear_argmax_f32):
+            fn.argtypes = args[:-1] + [ctypes.c_void_p, ctypes.c_int]
+            fn.restype = ctypes.c_int
         _configured = True
     return lib
 
@@ -220,5 +223,27 @@ def _kernel(lib, packed: PackedWeight, bias: torch.Tensor | None):
             fn(x2.data_ptr(), m, k, k, wptr, n, bptr, y.data_ptr(), n, threads() if m > 8 else 1)
         return y.view(*x.shape[:-1], n)
 
+    arg_fn = lib.ls_linear_argmax_f16 if packed.data.dtype == torch.float16 else lib.ls_linear_argmax_f32
+    i64 = torch.int64
+
+    def linear_argmax(x: torch.Tensor) -> torch.Tensor:
+        """The argmax over the outputs of ``linear(x)``: ``x [..., K]`` → int64 ``[...]``."""
+        x2 = x.reshape(-1, k)
+        if not x2.is_contiguous():
+            x2 = x2.contiguous()
+        m = x2.shape[0]
+        idx = empty(m, dtype=i64)
+        if m:
+            y = empty(m, n, dtype=f32)
+            if arg_fn(x2.data_ptr(), m, k, k, wptr, n, bptr, y.data_ptr(), n, idx.data_ptr(), threads() if m > 8 else 1):
+                raise MemoryError("the fused argmax could not allocate its per-strip results")
+        return idx.view(x.shape[:-1])
+
     linear.packed, linear.bias = data, b  # keep the buffers alive as long as the closure
+    linear.argmax = linear_argmax
     return linear
+
+
+def linear_argmax_ref(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """PyTorch reference of a bound kernel's ``argmax``: ``packed_linear_ref(x).argmax(-1)``."""
+    return packed_linear_ref(x, packed, bias).argmax(dim=-1)
