@@ -176,3 +176,21 @@ def test_a_model_with_kernels_pickles_and_copies():
         again = torch.load(buf, weights_only=False)
         assert torch.equal(again(ids).logits, ref)
         assert torch.equal(copy.deepcopy(model)(ids).logits, ref)
+
+
+@needs_kernel
+def test_the_lean_heads_argmax_is_fused_into_the_packed_head_and_equals_the_logits_argmax():
+    """``LeanDecoder._head_argmax`` (greedy decoding's lm_head): the packed head's fused
+    argmax, the same index as the argmax of ``_head``'s logits, and the plain path where
+    the vocabulary is restricted (logits outside it are -inf)."""
+    model = build_model("llama")
+    use_cpu_layout(model)
+    lean = lean_decoder(model)
+    assert hasattr(lean.head_fn, "argmax")
+    h = torch.randn(3, 5, model.config.hidden_size)
+    with torch.no_grad():
+        assert torch.equal(lean._head_argmax(h), lean._head(h).argmax(-1))
+        assert torch.equal(lean._head_argmax(h[:, 1:4]), lean._head(h[:, 1:4]).argmax(-1))  # a strided slice
+        lean.restrict_vocab(torch.arange(10, 60))
+        got = lean._head_argmax(h)
+        assert torch.equal(got, lean._head(h).argmax(-1)) and bool(((got >= 10) & (got < 60)).all())

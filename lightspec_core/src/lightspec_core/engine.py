@@ -28,7 +28,7 @@ from .interfaces import Budget, DraftProposal, RowHistory, StepContext, VerifyRe
 from .kvcache import BatchedKV, takes_logits_to_keep
 from .lean_decoder import exact_lean_target
 from .model_parts import HiddenCapture
-from .sampling import SamplingParams, argmax_last, make_generator
+from .sampling import SamplingParams, make_generator
 from .stats import StepStats
 from .verify import StandardVerifier, greedy_cpu_lazy, sample_next
 
@@ -250,25 +250,34 @@ class Engine:
                     inp_valid = torch.tensor([[j <= n for j in range(K + 1)] for n in draft_lens], device=dev)
             # 3. verify forward
             npos_before = kv.npos.tolist()
-            lazy = proposal is not None and sampling.greedy and self.lazy_head
+            # greedy on the CPU's lean forward: the lm_head applied afterwards, only as far as
+            # the verify walk goes, and with the argmax fused into it (a plain step too)
+            lazy = sampling.greedy and self.lazy_head
             out = kv.forward(inp, inp_valid, head=False) if lazy else kv.forward(inp, inp_valid)
             logits = out.logits
             t_d = time.perf_counter()
             head_s = [0.0]  # the lm_head's time in a lazy verify: the target's forward, not overhead
             verified = None  # the lazy verify's (accepted, emitted) as Python lists
             if lazy:  # the built-in greedy verify, the lm_head applied as far as the walk goes
-                def head(h, fn=self.runner._head, head_s=head_s):
-                    t = time.perf_counter()
-                    y = fn(h)
-                    head_s[0] += time.perf_counter() - t
-                    return y
+                def timed(fn, head_s=head_s):
+                    def run(x):
+                        t = time.perf_counter()
+                        y = fn(x)
+                        head_s[0] += time.perf_counter() - t
+                        return y
+                    return run
 
-                try:
-                    verified = greedy_cpu_lazy(draft_rows, draft_lens, out.hidden, head, as_lists=True)
-                except Exception as exc:
-                    failure = f"verify failed: {type(exc).__name__}: {exc}"
-                    log.warning("strategy %r %s; falling back to plain decoding for this step", self.bound.name, failure)
-                    verified = ([0] * nb, argmax_last(head(out.hidden[:, 0])).view(nb, 1).tolist())
+                head, head_argmax = timed(self.runner._head), timed(self.runner._head_argmax)
+                if proposal is None:
+                    verified = ([0] * nb, head_argmax(out.hidden[:, 0]).view(nb, 1).tolist())
+                else:
+                    try:
+                        verified = greedy_cpu_lazy(draft_rows, draft_lens, out.hidden, head, as_lists=True,
+                                                   head_argmax=head_argmax)
+                    except Exception as exc:
+                        failure = f"verify failed: {type(exc).__name__}: {exc}"
+                        log.warning("strategy %r %s; falling back to plain decoding for this step", self.bound.name, failure)
+                        verified = ([0] * nb, head_argmax(out.hidden[:, 0]).view(nb, 1).tolist())
             elif proposal is None:
                 nxt = sample_next(logits[:, 0], sampling, [verify_gens[b] for b in active])
                 result = VerifyResult(torch.zeros(nb, dtype=torch.long, device=dev), nxt[:, None])

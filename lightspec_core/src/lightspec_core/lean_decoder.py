@@ -78,6 +78,7 @@ from torch import nn
 from .cpu_norm import KernelRMSNorm
 from .hf_attention import uses_cpu_attention
 from .kvcache import SlabCache, SlabLayer
+from .sampling import argmax_last
 from .weight_layout import PackedLinear, column_major, is_column_major
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # x [..., in] -> [..., out]
@@ -451,6 +452,16 @@ class LeanDecoder:
         logits = part.new_full((*part.shape[:-1], self.vocab), float("-inf"))
         logits[..., self.out_ids] = part
         return logits
+
+    def _head_argmax(self, h: torch.Tensor) -> torch.Tensor:
+        """``argmax_last(self._head(h))``: ``[..., H]`` → int64 ``[...]``, the first maximum.
+        Fused into the lm_head where it runs LightSpec's CPU kernel (``cpu_linear``'s
+        ``argmax``: each strip of logits is scanned while still in cache; read back after
+        the head, 3 x 8192 logits took 30-35 us on the zoo target, cached 4 us)."""
+        fused = getattr(self.head_fn, "argmax", None)
+        if fused is not None and self.out_ids is None:
+            return fused(h)
+        return argmax_last(self._head(h))
 
     def _forward_fast(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                       cache, logits_to_keep: int, last_positions: torch.Tensor | None = None) -> LeanOutput:

@@ -70,7 +70,8 @@ def greedy_cpu(tokens: torch.Tensor, lengths: torch.Tensor, logits: torch.Tensor
 
 def greedy_cpu_lazy(tokens: torch.Tensor | list[list[int]], lengths: torch.Tensor | list[int], hidden: torch.Tensor,
                     head: Callable[[torch.Tensor], torch.Tensor], first: int = 3, step: int = 4,
-                    as_lists: bool = False) -> VerifyResult | tuple[list[int], list[list[int]]]:
+                    as_lists: bool = False, head_argmax: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                    ) -> VerifyResult | tuple[list[int], list[list[int]]]:
     """``greedy_cpu`` from the target's final hidden states ``hidden [B, K+1, H]``, applying
     its lm_head ``head`` (``[B, n, H]`` → ``[B, n, V]``) only to the positions the walk
     reaches: ``first`` positions, then ``step`` more at a time while some row is still
@@ -81,7 +82,9 @@ def greedy_cpu_lazy(tokens: torch.Tensor | list[list[int]], lengths: torch.Tenso
     compute every row on its own), so the result is ``greedy_cpu``'s.  ``tokens``/``lengths``
     may be given as Python lists (``[B][K]``, ``[B]``); ``as_lists``: return
     ``(accepted [B], emitted [B][K+1])`` as Python lists instead of a ``VerifyResult`` (the
-    engine's loop wants lists)."""
+    engine's loop wants lists).  ``head_argmax`` (``[n, H]`` → int64 ``[n]``): the head's
+    argmax in one call where the model has a fused one (``LeanDecoder._head_argmax``),
+    used instead of ``head``."""
     drafts = tokens.tolist() if isinstance(tokens, torch.Tensor) else tokens
     lens = lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths
     B, K = hidden.shape[0], hidden.shape[1] - 1
@@ -99,7 +102,7 @@ def greedy_cpu_lazy(tokens: torch.Tensor | list[list[int]], lengths: torch.Tenso
             picked = hidden[:, j0:j1]
         else:
             picked = flat.index_select(0, torch.tensor(slots, device=hidden.device))
-        top = argmax_last(head(picked)).reshape(-1).tolist()  # first maximum, as torch.argmax
+        top = (head_argmax(picked) if head_argmax is not None else argmax_last(head(picked))).reshape(-1).tolist()
         at = 0
         for b, a, e in spans:
             row, at = top[at : at + e - a], at + e - a
