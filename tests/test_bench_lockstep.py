@@ -98,3 +98,16 @@ def test_paired_speedup_is_the_geometric_mean_of_round_ratios_with_a_t_interval(
     assert paired_speedup(MethodResult("z", "l", round_tokens=[9] * 4, round_seconds=[1.0] * 4), base) is None
     assert paired_speedup(MethodResult("z", "l", round_tokens=[10], round_seconds=[1.0]),
                           MethodResult("b", "l", round_tokens=[10], round_seconds=[1.0])) is None
+
+
+def test_round_order_balances_positions_over_each_pair_of_rounds():
+    from lightspec_core.bench import round_order
+
+    methods = list("abcdefg")
+    for pair in range(10):
+        first, second = round_order(methods, 2 * pair), round_order(methods, 2 * pair + 1)
+        assert sorted(first) == methods and sorted(second) == methods
+        for m in methods:
+            assert first.index(m) + second.index(m) == len(methods) - 1
+    firsts = [round_order(methods, i)[0] for i in range(0, 14, 2)]
+    assert sorted(firsts) == methods  # the rotation gives every method the first place in turn

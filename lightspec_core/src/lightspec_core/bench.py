@@ -568,6 +568,17 @@ def run_lockstep(methods: list, chunk: list[list[int]], max_new: int, seed: int 
                     failed[lane.method.result.name] = f"{type(lane.error).__name__}: {lane.error}"
 
 
+def round_order(methods: list, i: int) -> list:
+    """The order of ``methods`` in round ``i``: rotated every second round, mirrored in the
+    round in between, so that over each pair of rounds every method's two positions add up
+    to the same.  In lockstep the later lanes of a round ran slower (run T, batch 8: the
+    last two positions 2-3% above a round's mean, the first ones 1% below), and a plain
+    rotation over 8 rounds of 7 methods put one method first twice."""
+    rot = (i // 2) % len(methods)
+    order = methods[rot:] + methods[:rot]
+    return order[::-1] if i % 2 else order
+
+
 def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens, with_hf, dev, label, repeat=1,
                  seed=None, interleave="step"):
     """Every method on one workload; HF baselines only at batch 1 (assisted generation is batch-1 only).
@@ -586,7 +597,9 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
     * ``"batch"``: each batch of prompts is run by every method in turn before the next
       batch starts, each run timed from start to end.
 
-    Either way the order rotates from batch to batch.  ``repeat`` runs every batch that
+    Either way the order changes from batch to batch: rotated every second batch and
+    mirrored in between, so that over each pair of batches every method's positions add
+    up to the same (later lanes of a lockstep round measured slower).  ``repeat`` runs every batch that
     many times (tokens/s over all of them; outputs kept from the first).  ``seed``: seed
     LightSpec's sampled runs (seeded requests use the budget's reproducible, timing-free
     policy); by default they are unseeded, as requests usually are."""
@@ -615,7 +628,7 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
                 failed[m.result.name] = f"{type(exc).__name__}: {exc}"
         rounds = [(r, c, chunk) for r in range(repeat) for c, chunk in enumerate(chunks)]
         for i, (r, c, chunk) in enumerate(rounds):
-            order = methods[i % len(methods):] + methods[:i % len(methods)]
+            order = round_order(methods, i)
             chunk_seed = None if seed is None else seed + c * bs
             if interleave == "step":
                 run_lockstep([m for m in order if m.result.name not in failed], chunk, max_new, chunk_seed, r == 0,
