@@ -39,10 +39,14 @@ def plain(rows: int = 1, seconds: float = T1) -> StepStats:
 
 
 def calibrate(p: DynamicBudget, rows: int = 1) -> None:
-    """Feed ``p`` a plain step of ``rows`` rows and count that batch size's verify cost as
-    measured at its current beta: its next decision is then the cost model's, not the
-    one-token probe of a batch size never verified (tested on its own)."""
-    p.lightspec_on_stats(plain(rows))
+    """Feed ``p`` the plain steps of ``rows`` rows that calibrate that batch size (one for a
+    single row, ``BATCH_CALIBRATION`` for a batch) and count its verify cost as measured at
+    its current beta: its next decision is then the cost model's, not the one-token probe of
+    a batch size never verified (tested on its own)."""
+    from lightspec_core.budget import BATCH_CALIBRATION
+
+    for _ in range(1 if rows == 1 else BATCH_CALIBRATION):
+        p.lightspec_on_stats(plain(rows))
     key = p._cost_key(rows)
     p.verified_beta.setdefault(key, p.fits[key][1])
 
@@ -559,8 +563,9 @@ def test_a_batch_that_lost_over_a_whole_generation_needs_a_larger_modelled_gain(
 def test_the_learned_batch_margin_decides_whether_a_batch_drafts():
     p = DynamicBudget(beta=0.1, draft_cost=0.05, guard=False)
     batch = [history(accepted=6, rejected=4)] * 8  # acceptance ~0.58
-    k_of(p, batch)
-    p.lightspec_on_stats(rows_step(8, T1))
+    for _ in range(3):  # calibration (BATCH_CALIBRATION plain steps)
+        k_of(p, batch)
+        p.lightspec_on_stats(rows_step(8, T1))
     assert k_of(p, batch)[0] >= 1
     p.margin[(True, True)] = 1.6
     assert k_of(p, batch)[0] == 0
@@ -694,7 +699,8 @@ def test_verify_costs_are_fitted_per_number_of_rows_through_the_plain_forward():
     assert p.t1 == pytest.approx(T1) and p.beta == pytest.approx(0.1)
     assert k_of(p, [history(30, 3)] * 8) == [0] * 8  # 8 rows never measured: calibrate first
     t8 = 3 * T1
-    p.lightspec_on_stats(rows_step(8, t8))
+    for _ in range(3):
+        p.lightspec_on_stats(rows_step(8, t8))
     # concave costs at 8 rows: width 2 costs 1.55 plain steps, width 4 2.2, width 6 2.8
     for q, c in ((2, 1.55), (4, 2.2), (6, 2.8)):
         p.lightspec_on_stats(rows_step(8, c * t8, drafted=q - 1, accepted=q - 1))
@@ -724,14 +730,18 @@ def test_a_batch_size_never_verified_borrows_the_nearest_beta_and_probes_one_tok
     assert k_of(p, [history(40, 1)])[0] >= 4
     p.reset()
     good = [history(40, 1)] * 8
-    assert k_of(p, good) == [0] * 8  # calibration
-    p.lightspec_on_stats(rows_step(8, 3 * T1))
+    from lightspec_core.budget import BATCH_CALIBRATION
+
+    for _ in range(BATCH_CALIBRATION):  # calibration: the median of a few plain steps
+        assert k_of(p, good) == [0] * 8
+        p.lightspec_on_stats(rows_step(8, 3 * T1))
     assert k_of(p, good) == [1] * 8  # the probe: one token
     assert p.beta == pytest.approx(0.12)  # the prior, not the one row's 0
     p.lightspec_on_stats(rows_step(8, 3 * T1 * 1.5, drafted=1, accepted=1))  # a verified token costs 0.5
     assert p.verified_beta[(8, True)] == pytest.approx(0.5)
     assert k_of(p, good)[0] >= 2  # measured now: 40/41 acceptance pays at 0.5 a token
-    p.lightspec_on_stats(rows_step(6, 2.5 * T1))  # 6 rows: calibrated, then the 8 rows' beta
+    for _ in range(BATCH_CALIBRATION):  # 6 rows: calibrated, then the 8 rows' beta
+        p.lightspec_on_stats(rows_step(6, 2.5 * T1))
     k_of(p, [history(40, 1)] * 6)
     assert p.t1 == pytest.approx(2.5 * T1) and p.beta == pytest.approx(0.5)
     assert p._borrowed_beta((7, True)) == pytest.approx(0.5) and p._borrowed_beta((1, True)) == pytest.approx(0.12)
@@ -809,3 +819,29 @@ def test_the_forward_window_keeps_each_widths_median_as_samples_arrive_and_leave
             groups.setdefault(qq, []).append(tt)
         assert sorted(win.medians()) == sorted((qq, median(ts), len(ts)) for qq, ts in groups.items())
         assert len(win) == len(ref) and plain.median() == median(ref_plain)
+
+
+def test_a_cold_first_forward_does_not_make_a_batchs_verify_look_free_and_the_anchor_is_renewed():
+    """A batch size's first forward in a process is slow (cold caches, fresh allocations):
+    the anchor is the median of BATCH_CALIBRATION plain steps, so one cold step does not
+    inflate it and make the probe's verify look free.  A batch that speculates on every
+    step takes one plain step after PLAIN_REFRESH of them, which renews the anchor."""
+    from lightspec_core.budget import BATCH_CALIBRATION, PLAIN_REFRESH
+
+    p = DynamicBudget(beta=0.12, draft_cost=0.0, guard=False)
+    good = [history(40, 1)] * 8
+    t8 = 3 * T1
+    for i in range(BATCH_CALIBRATION):
+        assert k_of(p, good) == [0] * 8
+        p.lightspec_on_stats(rows_step(8, 1.6 * t8 if i == 0 else t8))  # the first one cold
+    assert k_of(p, good) == [1] * 8  # the probe
+    assert p.t1 == pytest.approx(t8)  # the median: the cold step left out
+    p.lightspec_on_stats(rows_step(8, 1.3 * t8, drafted=1, accepted=1))
+    assert p.verified_beta[(8, True)] == pytest.approx(0.3)  # against the cold step: 0 (clamped)
+    steps = 0
+    while k_of(p, good)[0] > 0:
+        p.lightspec_on_stats(rows_step(8, 1.3 * t8, drafted=1, accepted=1))
+        steps += 1
+    assert steps == PLAIN_REFRESH - 1  # the probe counted too: then one plain step
+    p.lightspec_on_stats(rows_step(8, 0.8 * t8))  # the machine got faster meanwhile
+    assert p.plain_age[(8, True)] == 0 and k_of(p, good)[0] > 0

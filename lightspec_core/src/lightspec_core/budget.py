@@ -25,8 +25,11 @@ moves by 2x between identical calls):
   seen in the last 32 steps, kept per batch size (and greedy or sampled), a drafter's
   cost a line through the median time of each draft length in its last 16
   measurements; one slow step does not switch speculation off.  A batch size seen for
-  the first time is calibrated by one plain step; its first speculative step drafts one
-  token, which measures its verify cost (until then it borrows the nearest batch size's);
+  the first time is calibrated by ``BATCH_CALIBRATION`` plain steps (one for a single row);
+  its first speculative step drafts one token, which measures its verify cost (until then
+  it borrows the nearest batch size's), and a batch that speculated ``PLAIN_REFRESH``
+  steps in a row takes one plain step to renew the plain forward its costs are measured
+  against;
 * an estimate that is not being measured drifts back: an unused drafter's cost towards
   the cheapest line measured for it (its prior until 8 measurements exist) by one
   sample per step, beta towards its prior by 10% per step once only plain steps remain
@@ -133,6 +136,15 @@ RECHECK = 2
 # steps (a batch that backed off at batch 8 on the zoo target re-decided on every third
 # step, ~20 us a step on average, 0.6% of a 3.5 ms step, for the same answer)
 MAX_RECHECK = 8
+# a batch size seen for the first time is calibrated by this many plain steps (their median
+# is the plain forward a draft has to beat): one alone was the batch size's first forward
+# in the process, and at batch 8 its cold-start time (~1.5x a plain step) made the one-token
+# probe's verify look free (beta ~0), after which `hybrid` drafted 8 tokens on every step,
+# never measured a plain step again and ran at 0.75x `none` (run U, `code`)
+BATCH_CALIBRATION = 3
+# ... and a batch that has speculated on this many steps in a row since its last plain
+# forward takes one plain step, so that its anchor stays current (1 step in 33 at most)
+PLAIN_REFRESH = 32
 # a batch charges a model drafter's catch-up (the prefill of every token its cache missed
 # since it last drafted: ~10 ms for the zoo draft at batch 8 after a pause, 2-3 plain steps)
 # as a fixed cost spread over this many speculative steps, when it did not draft last step
@@ -287,6 +299,7 @@ class DynamicBudget:
         self.fits: dict[tuple[int, bool], tuple[float, float]] = {}
         self.verified_beta: dict[tuple[int, bool], float] = {}
         self.unfitted: set[tuple[int, bool]] = set()  # keys whose window changed since their fit
+        self.plain_age: dict[tuple[int, bool], int] = {}  # steps since the key's last plain forward
         self.draft_samples: dict[str, deque[tuple[int, float]]] = {}  # (tokens drafted, cost relative to t1)
         self.t1: float | None = None
         self.beta = beta
@@ -387,8 +400,12 @@ class DynamicBudget:
             if self.guard and self.guard_record.get(self.kind, 0.0) > 1.0:
                 self.hold = max(self.hold, GUARD_HOLD)
         key = self._cost_key(B)
-        if key not in self.plain_forwards:
-            # calibrate: one plain step measures what a target forward over this many rows costs
+        plain = self.plain_forwards.get(key)
+        if plain is None or (B > 1 and len(plain) < BATCH_CALIBRATION):
+            # calibrate: plain steps measure what a target forward over this many rows costs
+            return self._plain(B, ctx.device)
+        if B > 1 and self.plain_age.get(key, 0) >= PLAIN_REFRESH:
+            # a batch that speculated on every step for a while: one plain step renews its anchor
             return self._plain(B, ctx.device)
         if self.hold > 0:  # the guard saw speculation lose: decode plainly for a while
             self.hold -= 1
@@ -752,6 +769,9 @@ class DynamicBudget:
             if event.verify_tokens == 1 and event.target_forward_s > 0:
                 # kept apart: while a batch speculates, its window soon holds no plain forward
                 self.plain_forwards.setdefault(key, _MedianWindow(16)).append(event.target_forward_s)
+                self.plain_age[key] = 0
+            else:
+                self.plain_age[key] = self.plain_age.get(key, 0) + 1
             if key[0] > 1 and event.drafted_max == 0 and key in self.fits:
                 # a batch's plain step: refitted when a decision reads it (``_use_fit``).  Its
                 # beta does not drift, so the fit is a function of the window alone, and a
