@@ -107,12 +107,13 @@ def paired_speedup(a: MethodResult, b: MethodResult) -> tuple[float, float, floa
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
-# every method first runs a workload's first batch for this many new tokens, untimed, at the
-# batch size of the timed runs: the one-time costs of a batch shape stay out of them (the
-# first batch-8 generation of a process measured 610-1110 ms against ~500 for the next
-# ones: first-touch allocations of the KV caches, and the budget's calibration and one-token
-# probe at a batch size it never saw, ~14 ms once per process and batch size)
-WARM_UP_TOKENS = 8
+# every method first runs a workload's first batch once, untimed, as the timed runs do (batch
+# size and new tokens): the one-time costs of a batch shape stay out of them.  The first
+# batch-8 generation of a process measured 610-1110 ms against ~500 for the next ones, and
+# after a warm-up of 8 new tokens the first timed round was still 730 ms against ~500 (its
+# KV cache, sized for 64 new tokens, was a fresh allocation); the budget's calibration and
+# one-token probe at a batch size it never saw (~14 ms, once per process and batch size)
+# also fall in the warm-up
 
 # lockstep runs measure peak memory this many times per method and workload and keep the
 # lowest: the first run may include one-time allocations (measured: `none` at batch 8,
@@ -242,11 +243,11 @@ class HFMethod(_Method):
         if temperature > 0:
             self.kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
 
-    def warm_up(self, chunk: list[list[int]]) -> None:
+    def warm_up(self, chunk: list[list[int]], max_new: int) -> None:
         """An untimed run of the first prompt (HF methods run batch 1 only)."""
         warm = torch.tensor([chunk[0]], device=self.device)
         with torch.inference_mode():
-            self.model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=WARM_UP_TOKENS, **self.kwargs)
+            self.model.generate(warm, attention_mask=torch.ones_like(warm), max_new_tokens=max_new, **self.kwargs)
 
     def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True, pause=None) -> None:
         """Generate for ``chunk``.  ``pause``: called after every decoding step (lockstep
@@ -307,9 +308,9 @@ class LightSpecMethod(_Method):
         self.collect = lambda event: self.steps_log.append(event) if event.kind == "step" else None
         pipe.bound.sinks.append(self.collect)
 
-    def warm_up(self, chunk: list[list[int]]) -> None:
-        """An untimed run of a workload's first batch, at the batch size of the timed runs."""
-        self.pipe.generate(chunk, max_new_tokens=WARM_UP_TOKENS, ignore_eos=True, temperature=self.temperature)
+    def warm_up(self, chunk: list[list[int]], max_new: int) -> None:
+        """An untimed run of a workload's first batch, as the timed runs run it."""
+        self.pipe.generate(chunk, max_new_tokens=max_new, ignore_eos=True, temperature=self.temperature)
         self.steps_log.clear()
 
     def run(self, chunk: list[list[int]], max_new: int, seed: int | None, record: bool = True, pause=None) -> None:
@@ -623,7 +624,7 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
     with tqdm(total=len(methods) * len(ids) * repeat, desc=f"bench {label}", unit="prompt", leave=False) as bar:
         for m in methods:
             try:
-                m.warm_up(chunks[0])
+                m.warm_up(chunks[0], max_new)
             except Exception as exc:  # a method this model/transformers cannot run is reported, not fatal
                 failed[m.result.name] = f"{type(exc).__name__}: {exc}"
         rounds = [(r, c, chunk) for r in range(repeat) for c, chunk in enumerate(chunks)]

@@ -27,6 +27,12 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
         f"sampled runs {'seeded from ' + str(report['seed']) if report.get('seed') is not None else 'unseeded'}; "
         "greedy outputs are compared with HF vanilla greedy at batch 1 (batched runs: on the prompts the batch-1 runs had)",
     ]
+    lines.append("- each method first runs a workload's first batch once untimed, as the timed runs do "
+                 "(batch size, new tokens); the order of the methods rotates every second batch and is mirrored in between; "
+                 "speed-ups come with the 95% interval of the paired rounds' ratios"
+                 + ("; `none (control)` is a second, identical `none` pipeline" if any(
+                     r["name"] == "none (control)" for run in report["runs"] for w in run["workloads"].values()
+                     for r in w["results"]) else ""))
     if report.get("interleave") == "step":
         lines.append("- overhead: wall time outside model forwards per step, from one more run of every batch with "
                      "the method alone (in lockstep the other methods' steps evict its caches between its steps; "
