@@ -72,17 +72,14 @@ def pooled_ci(run: dict, name: str, base: str = "none") -> tuple[float, float, f
     ratio (as ``bench.paired_speedup`` does per workload): geometric mean and 95% interval."""
     import math
 
+    from lightspec_core.bench import ratio_interval
+
     logs = []
     for w in run["workloads"].values():
         r = {x["name"]: x for x in w["results"] if not x["error"]}
         if name in r and base in r and r[name].get("round_seconds") and r[name]["round_tokens"] == r[base]["round_tokens"]:
             logs += [math.log(b / a) for a, b in zip(r[name]["round_seconds"], r[base]["round_seconds"])]
-    n = len(logs)
-    if n < 2:
-        return None
-    mean = sum(logs) / n
-    half = 1.96 * math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1) / n)
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+    return ratio_interval(logs)
 
 
 def batch_target(runs: dict) -> tuple[str, str, bool]:

@@ -99,21 +99,20 @@ def paired_speedup(a: MethodResult, b: MethodResult) -> tuple[float, float, floa
     if n < 2 or n != len(b.round_seconds) or a.round_tokens != b.round_tokens:
         return None
     logs = [math.log(tb / ta) for ta, tb in zip(a.round_seconds, b.round_seconds) if ta > 0 and tb > 0]
-    if len(logs) != n:
+    return ratio_interval(logs) if len(logs) == n else None
+
+
+def ratio_interval(logs: list[float]) -> tuple[float, float, float] | None:
+    """From the logs of paired ratios: (geometric mean, its 95% confidence interval by
+    Student's t), None with fewer than 2."""
+    n = len(logs)
+    if n < 2:
         return None
     mean = sum(logs) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     half = (_T95[n - 2] if n - 1 <= len(_T95) else 1.96) * sd / math.sqrt(n)
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
-
-# every method first runs a workload's first batch once, untimed, as the timed runs do (batch
-# size and new tokens): the one-time costs of a batch shape stay out of them.  The first
-# batch-8 generation of a process measured 610-1110 ms against ~500 for the next ones, and
-# after a warm-up of 8 new tokens the first timed round was still 730 ms against ~500 (its
-# KV cache, sized for 64 new tokens, was a fresh allocation); the budget's calibration and
-# one-token probe at a batch size it never saw (~14 ms, once per process and batch size)
-# also fall in the warm-up
 
 # lockstep runs measure peak memory this many times per method and workload and keep the
 # lowest: the first run may include one-time allocations (measured: `none` at batch 8,
@@ -622,6 +621,12 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
     failed: dict[str, str] = {}
     chunks = [ids[i:i + bs] for i in range(0, len(ids), bs)]
     with tqdm(total=len(methods) * len(ids) * repeat, desc=f"bench {label}", unit="prompt", leave=False) as bar:
+        # every method first runs the first batch once, untimed, as the timed rounds run it:
+        # a batch shape's one-time costs stay out of them.  The first batch-8 generation of
+        # a process measured 610-1110 ms against ~500 for the next ones, and after a warm-up
+        # of 8 new tokens the first timed round still 730 ms (its KV cache, sized for all
+        # the new tokens, was a fresh allocation); the budget's calibration and one-token
+        # probe at a batch size it never saw (~14 ms, once per process) also fall here
         for m in methods:
             try:
                 m.warm_up(chunks[0], max_new)
