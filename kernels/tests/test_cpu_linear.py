@@ -193,6 +193,23 @@ def test_the_source_compiles_for_avx2_as_well(tmp_path):
     assert torch.equal(y, cpu_linear.packed_linear(x, packed))
 
 
+def test_every_source_compiles_for_both_instruction_sets(tmp_path):
+    """Each C source has an AVX2 and an AVX-512 branch (``LS_VW``); a machine runs only one
+    of them, so both are compiled here (not run: the CPU may lack AVX-512)."""
+    import platform
+
+    cc = _cpu_build.compiler()
+    if platform.machine() != "x86_64" or cc is None:
+        pytest.skip("no x86-64 C compiler here")
+    src = cpu_linear._SOURCE.parent
+    flags = [f for f in _cpu_build.FLAGS if f != "-march=native"] + ["-Werror", "-Wall", "-Wno-psabi"]
+    for isa in (["-mavx2", "-mf16c", "-mfma"], ["-mavx512f", "-mavx2", "-mf16c", "-mfma"]):
+        for source in sorted(src.glob("cpu_*.c")):
+            out = tmp_path / f"{source.stem}{len(isa)}.so"
+            run = subprocess.run([cc, *flags, *isa, "-o", str(out), str(source), "-lpthread"], capture_output=True, text=True)
+            assert run.returncode == 0, f"{source.name} {' '.join(isa)}:\n{run.stderr}"
+
+
 def test_every_cpu_kernel_builds_where_it_can():
     """Where a C compiler and AVX2 exist (CI here), a kernel that fails to compile must fail
     the suite: otherwise every test of it would only be skipped."""

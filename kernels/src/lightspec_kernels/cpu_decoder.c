@@ -24,7 +24,7 @@
 
 #include "cpu_common.h"
 
-typedef int32_t i16v __attribute__((vector_size(64)));
+typedef int32_t vfi __attribute__((vector_size(LS_VW * 4)));
 
 typedef void (*linear_t)(const float *x, int64_t M, int64_t K, int64_t ldx, const void *w, int64_t N,
                          const float *bias, float *y, int64_t ldy, int threads);
@@ -142,33 +142,33 @@ int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_p
 }
 
 /* 2^e for integer lanes e in [-126, 127]. */
-static inline v16 pow2i(i16v e) { return (v16)((e + 127) << 23); }
+static inline vf pow2i(vfi e) { return (vf)((e + 127) << 23); }
 
 /* exp(d), lane by lane, computed as PyTorch's vectorised float exp computes it (SLEEF's
  * expf_u10: d = n ln2 + s with ln2 split in two parts, a degree-6 polynomial in s by
  * multiply-adds, then 2^n applied in two halves), so that silu below rounds as
  * torch.nn.functional.silu.  Whether it does on this machine is checked at run time
  * (cpu_decoder.Decoder probes it against PyTorch), never assumed. */
-static inline v16 exp_torch(v16 d) {
-  v16 t = d * splat(1.442695040888963407359924681001892137426645954152985934135449406931f);
-  v16 nf;
-  for (int j = 0; j < 16; j++) nf[j] = __builtin_rintf(t[j]);
-  i16v n = __builtin_convertvector(nf, i16v);
-  v16 s = nf * splat(-0.693145751953125f) + d;
-  s = nf * splat(-1.428606765330187045e-06f) + s;
-  v16 u = splat(0.000198527617612853646278381f);
-  u = u * s + splat(0.00139304355252534151077271f);
-  u = u * s + splat(0.00833336077630519866943359f);
-  u = u * s + splat(0.0416664853692054748535156f);
-  u = u * s + splat(0.166666671633720397949219f);
-  u = u * s + splat(0.5f);
-  v16 ss = s * s;
-  u = splat(1.0f) + (ss * u + s);
-  i16v half = n >> 1;
+static inline vf exp_torch(vf d) {
+  vf t = d * splatv(1.442695040888963407359924681001892137426645954152985934135449406931f);
+  vf nf = t; /* every lane is set below */
+  for (int j = 0; j < LS_VW; j++) nf[j] = __builtin_rintf(t[j]);
+  vfi n = __builtin_convertvector(nf, vfi);
+  vf s = nf * splatv(-0.693145751953125f) + d;
+  s = nf * splatv(-1.428606765330187045e-06f) + s;
+  vf u = splatv(0.000198527617612853646278381f);
+  u = u * s + splatv(0.00139304355252534151077271f);
+  u = u * s + splatv(0.00833336077630519866943359f);
+  u = u * s + splatv(0.0416664853692054748535156f);
+  u = u * s + splatv(0.166666671633720397949219f);
+  u = u * s + splatv(0.5f);
+  vf ss = s * s;
+  u = splatv(1.0f) + (ss * u + s);
+  vfi half = n >> 1;
   u = u * pow2i(half) * pow2i(n - half);
-  i16v under = d < splat(-104.0f), over = d > splat(100.0f);
-  u = (v16)((i16v)u & ~under);
-  return (v16)(((i16v)u & ~over) | ((i16v)splat(INFINITY) & over));
+  vfi under = d < splatv(-104.0f), over = d > splatv(100.0f);
+  u = (vf)((vfi)u & ~under);
+  return (vf)(((vfi)u & ~over) | ((vfi)splatv(INFINITY) & over));
 }
 
 /* SwiGLU: act[M, I] = silu(gate) * up with gate_up [M, 2I] (gate first), silu(x) =
@@ -177,10 +177,10 @@ void ls_silu_mul(const float *gate_up, int64_t M, int64_t I, float *act) {
   for (int64_t r = 0; r < M; r++) {
     const float *g = gate_up + r * 2 * I, *up = g + I;
     float *o = act + r * I;
-    for (int64_t j = 0; j + 16 <= I; j += 16) {
-      v16 x = load16(g + j);
-      v16 y = x / (splat(1.0f) + exp_torch(-x)) * load16(up + j);
-      memcpy(o + j, &y, 64);
+    for (int64_t j = 0; j + LS_VW <= I; j += LS_VW) {
+      vf x = loadv(g + j);
+      vf y = x / (splatv(1.0f) + exp_torch(-x)) * loadv(up + j);
+      memcpy(o + j, &y, sizeof y);
     }
   }
 }

@@ -25,67 +25,76 @@
 #include "cpu_common.h"
 #include "cpu_parallel.h"
 
-static inline v16 load_f16(const uint16_t *p) {
+/* A 16-output column block is LS_VH machine vectors (1 with AVX-512, 2 with AVX2). */
+#define LS_VH (16 / LS_VW)
+
+/* Lanes h*LS_VW .. h*LS_VW + LS_VW - 1 of a 16-value block, as floats. */
+static inline vf load_f16(const uint16_t *p, int h) {
 #if defined(__AVX512F__)
-  return (v16)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+  (void)h;
+  return (vf)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 #else
-  __m256 lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-  __m256 hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
-  v16 v;
-  memcpy(&v, &lo, 32);
-  memcpy((char *)&v + 32, &hi, 32);
-  return v;
+  return (vf)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8 * h)));
 #endif
 }
 
-/* Store 16 outputs, only the first `n` of them when the block is the last, partial one. */
-static inline void store(float *y, v16 v, int64_t n) {
-  if (n >= 16)
-    memcpy(y, &v, 64);
-  else
-    memcpy(y, &v, (size_t)n * 4);
+static inline vf load_f32(const float *p, int h) { return loadv(p + LS_VW * h); }
+
+/* Store lanes of part h of a block whose valid outputs, from the block's start, are `n`. */
+static inline void store(float *y, vf v, int h, int64_t n) {
+  int64_t room = n - (int64_t)h * LS_VW;
+  if (room >= LS_VW)
+    memcpy(y + h * LS_VW, &v, sizeof v);
+  else if (room > 0)
+    memcpy(y + h * LS_VW, &v, (size_t)room * 4);
 }
 
-/* One register tile: MT rows of x times NT column blocks of W, accumulated over all of K. */
+/* One register tile: MT rows of x times NT column blocks of W, accumulated over all of K.
+ * Each output lane is acc = x[k] * w[k] + acc for k = 0..K-1 from 0, whatever the tile or
+ * the vector width, so every tile gives the same bits. */
 #define TILE(NAME, WT, LOAD, MT, NT)                                                         \
   static void NAME(const float *x, int64_t ldx, int64_t K, const WT *w, const float *bias,   \
                    float *y, int64_t ldy, int64_t nb0, int64_t N) {                          \
-    v16 acc[MT][NT];                                                                         \
+    vf acc[MT][NT * LS_VH];                                                                  \
     const WT *wb[NT];                                                                        \
     for (int j = 0; j < NT; j++) wb[j] = w + (nb0 + j) * K * 16;                             \
     for (int i = 0; i < MT; i++)                                                             \
-      for (int j = 0; j < NT; j++) acc[i][j] = splat(0.f);                                   \
+      for (int j = 0; j < NT * LS_VH; j++) acc[i][j] = splatv(0.f);                          \
     for (int64_t k = 0; k < K; k++) {                                                        \
-      v16 wv[NT];                                                                            \
-      for (int j = 0; j < NT; j++) wv[j] = LOAD(wb[j] + k * 16);                             \
+      vf wv[NT * LS_VH];                                                                     \
+      for (int j = 0; j < NT; j++)                                                           \
+        for (int h = 0; h < LS_VH; h++) wv[j * LS_VH + h] = LOAD(wb[j] + k * 16, h);         \
       for (int i = 0; i < MT; i++) {                                                         \
-        v16 xb = splat(x[i * ldx + k]);                                                      \
-        for (int j = 0; j < NT; j++) acc[i][j] += xb * wv[j];                                \
+        vf xb = splatv(x[i * ldx + k]);                                                      \
+        for (int j = 0; j < NT * LS_VH; j++) acc[i][j] += xb * wv[j];                        \
       }                                                                                      \
     }                                                                                        \
     for (int j = 0; j < NT; j++) {                                                           \
       int64_t col = (nb0 + j) * 16;                                                          \
-      v16 b = splat(0.f);                                                                    \
-      if (bias) {                                                                            \
-        float tmp[16] = {0};                                                                 \
-        memcpy(tmp, bias + col, (size_t)(N - col < 16 ? N - col : 16) * 4);                  \
-        b = load16(tmp);                                                                   \
+      float tmp[16] = {0};                                                                   \
+      if (bias) memcpy(tmp, bias + col, (size_t)(N - col < 16 ? N - col : 16) * 4);          \
+      for (int h = 0; h < LS_VH; h++) {                                                      \
+        vf b = loadv(tmp + h * LS_VW);                                                       \
+        for (int i = 0; i < MT; i++)                                                         \
+          store(y + i * ldy + col, bias ? acc[i][j * LS_VH + h] + b : acc[i][j * LS_VH + h], h, N - col); \
       }                                                                                      \
-      for (int i = 0; i < MT; i++) store(y + i * ldy + col, bias ? acc[i][j] + b : acc[i][j], N - col); \
     }                                                                                        \
   }
 
 /* Row-tile sizes and the column blocks each takes at once: enough independent
- * accumulators to hide the FMA latency, few enough to stay in 32 vector registers.  The
- * 8 x 3 tile (24 accumulators, 11 loads per 24 multiply-adds) carries a prefill: on the
- * 2-core VM it made 256-row products 13% faster than 8 x 2. */
+ * accumulators to hide the FMA latency, few enough to stay in the vector registers.
+ * AVX-512 (32 zmm, a block is one register): the 8 x 3 tile (24 accumulators, 11 loads per
+ * 24 multiply-adds) carries a prefill: on the 2-core VM it made 256-row products 13%
+ * faster than 8 x 2.  AVX2 (16 ymm, a block is two): tiles of at most 4 rows; on a Zen 3
+ * VM 4 x 2 (16 accumulators) ran at 25 G multiply-adds/s, 6 x 1 and 8 x 1 at 23 and 21. */
+#if defined(__AVX512F__)
+#define LS_MAX_ROWS 8
 #define TILES(SFX, WT, LOAD)                 \
   TILE(t1_4_##SFX, WT, LOAD, 1, 4)           \
   TILE(t2_4_##SFX, WT, LOAD, 2, 4)           \
   TILE(t3_4_##SFX, WT, LOAD, 3, 4)           \
   TILE(t4_4_##SFX, WT, LOAD, 4, 4)           \
   TILE(t6_2_##SFX, WT, LOAD, 6, 2)           \
-  TILE(t8_2_##SFX, WT, LOAD, 8, 2)           \
   TILE(t8_3_##SFX, WT, LOAD, 8, 3)           \
   TILE(t1_1_##SFX, WT, LOAD, 1, 1)           \
   TILE(t2_1_##SFX, WT, LOAD, 2, 1)           \
@@ -93,9 +102,26 @@ static inline void store(float *y, v16 v, int64_t n) {
   TILE(t4_1_##SFX, WT, LOAD, 4, 1)           \
   TILE(t6_1_##SFX, WT, LOAD, 6, 1)           \
   TILE(t8_1_##SFX, WT, LOAD, 8, 1)
+#define WIDE(SFX) {0, t1_4_##SFX, t2_4_##SFX, t3_4_##SFX, t4_4_##SFX, 0, t6_2_##SFX, 0, t8_3_##SFX}
+#define WIDE_NT {0, 4, 4, 4, 4, 0, 2, 0, 3}
+#define NARROW(SFX) {0, t1_1_##SFX, t2_1_##SFX, t3_1_##SFX, t4_1_##SFX, 0, t6_1_##SFX, 0, t8_1_##SFX}
+#else
+#define LS_MAX_ROWS 4
+#define TILES(SFX, WT, LOAD)                 \
+  TILE(t1_4_##SFX, WT, LOAD, 1, 4)           \
+  TILE(t2_2_##SFX, WT, LOAD, 2, 2)           \
+  TILE(t3_1_##SFX, WT, LOAD, 3, 1)           \
+  TILE(t4_2_##SFX, WT, LOAD, 4, 2)           \
+  TILE(t1_1_##SFX, WT, LOAD, 1, 1)           \
+  TILE(t2_1_##SFX, WT, LOAD, 2, 1)           \
+  TILE(t4_1_##SFX, WT, LOAD, 4, 1)
+#define WIDE(SFX) {0, t1_4_##SFX, t2_2_##SFX, t3_1_##SFX, t4_2_##SFX, 0, 0, 0, 0}
+#define WIDE_NT {0, 4, 2, 1, 2, 0, 0, 0, 0}
+#define NARROW(SFX) {0, t1_1_##SFX, t2_1_##SFX, t3_1_##SFX, t4_1_##SFX, 0, 0, 0, 0}
+#endif
 
 TILES(f16, uint16_t, load_f16)
-TILES(f32, float, load16)
+TILES(f32, float, load_f32)
 
 /* Column blocks are the outer loop, rows the inner one: a strip of 12 column blocks of W
  * (12 x K x 16 values, 384 KB for K = 1024 in float16) is read from memory once and then reused from the
@@ -122,18 +148,16 @@ TILES(f32, float, load16)
     /* per row-tile height: the widest tile (and its width in blocks), and the one-block tile */     \
     typedef void (*tile)(const float *, int64_t, int64_t, const WT *, const float *, float *, int64_t,  \
                          int64_t, int64_t);                                                             \
-    static const tile wide[9] = {0, t1_4_##SFX, t2_4_##SFX, t3_4_##SFX, t4_4_##SFX, 0, t6_2_##SFX, 0,  \
-                                 t8_3_##SFX};                                                           \
-    static const int wide_nt[9] = {0, 4, 4, 4, 4, 0, 2, 0, 3};                                          \
-    static const tile narrow[9] = {0, t1_1_##SFX, t2_1_##SFX, t3_1_##SFX, t4_1_##SFX, 0, t6_1_##SFX, 0, \
-                                   t8_1_##SFX};                                                         \
+    static const tile wide[9] = WIDE(SFX);                                                              \
+    static const int wide_nt[9] = WIDE_NT;                                                              \
+    static const tile narrow[9] = NARROW(SFX);                                                          \
     for (int64_t nb = s0 * STRIP; nb < NB && nb < s1 * STRIP; nb += STRIP) {                            \
       int64_t last = nb + STRIP < NB ? nb + STRIP : NB;                                                 \
       for (int64_t m = 0; m < M;) {                                                                     \
         int64_t r = M - m;                                                                              \
         const float *xm = x + m * ldx;                                                                  \
         float *ym = y + m * ldy;                                                                        \
-        int mt = r >= 8 ? 8 : r >= 6 ? 6 : r >= 4 ? 4 : r >= 3 ? 3 : r >= 2 ? 2 : 1;                    \
+        int mt = r >= 8 && LS_MAX_ROWS >= 8 ? 8 : r >= 6 && LS_MAX_ROWS >= 6 ? 6 : r >= 4 ? 4 : r >= 3 ? 3 : r >= 2 ? 2 : 1; \
         int64_t b = nb;                                                                                 \
         for (; b + wide_nt[mt] <= last; b += wide_nt[mt]) wide[mt](xm, ldx, K, w, bias, ym, ldy, b, N);  \
         for (; b < last; b++) narrow[mt](xm, ldx, K, w, bias, ym, ldy, b, N);                           \
@@ -166,29 +190,29 @@ DRIVER(f32, float)
  * depend on the number of threads: the strips are merged in column order. */
 static inline int ls_better(float v, float best) { return v > best || (v != v && best == best); }
 
-typedef int32_t v16i __attribute__((vector_size(64)));
+typedef int32_t vfi __attribute__((vector_size(LS_VW * 4)));
 
 /* The first maximum of row[c0..c1) (c1 > c0) and its column: the largest value by a vector
- * max over 16-column blocks, then the first column holding it; a block with a NaN (which
+ * max over LS_VW-column blocks, then the first column holding it; a block with a NaN (which
  * the vector max would not order as numpy does) falls back to the scalar scan. */
 static int64_t ls_span_argmax(const float *row, int64_t c0, int64_t c1, float *best_out) {
-  int64_t j = c0, nfull = (c1 - c0) / 16;
+  int64_t j = c0, nfull = (c1 - c0) / LS_VW;
   float best = row[c0];
   if (nfull > 0) {
-    v16 mx = load16(row + c0);
-    v16i nan = (v16i)(mx != mx);
+    vf mx = loadv(row + c0);
+    vfi nan = (vfi)(mx != mx);
     for (int64_t b = 1; b < nfull; b++) {
-      v16 v = load16(row + c0 + 16 * b);
-      v16i gt = (v16i)(v > mx);
-      mx = (v16)((gt & (v16i)v) | (~gt & (v16i)mx));
-      nan |= (v16i)(v != v);
+      vf v = loadv(row + c0 + LS_VW * b);
+      vfi gt = (vfi)(v > mx);
+      mx = (vf)((gt & (vfi)v) | (~gt & (vfi)mx));
+      nan |= (vfi)(v != v);
     }
     int any_nan = 0;
-    for (int l = 0; l < 16; l++) any_nan |= nan[l];
+    for (int l = 0; l < LS_VW; l++) any_nan |= nan[l];
     if (!any_nan) {
-      for (int l = 0; l < 16; l++)
+      for (int l = 0; l < LS_VW; l++)
         if (mx[l] > best) best = mx[l];
-      j = c0 + 16 * nfull;  /* the tail, scalar */
+      j = c0 + LS_VW * nfull;  /* the tail, scalar */
       for (int64_t t = j; t < c1; t++)
         if (ls_better(row[t], best)) best = row[t];
       if (best != best) goto scalar;  /* a NaN in the tail */
