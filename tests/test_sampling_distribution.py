@@ -18,7 +18,14 @@ import math
 import pytest
 import torch
 from lightspec_core.interfaces import DraftProposal, RowHistory, StepContext
-from lightspec_core.sampling import SamplingParams, exponential_noise, warp_logits, warped_probs
+from lightspec_core.sampling import (
+    SamplingParams,
+    exponential_noise,
+    row_uniforms,
+    sample_inverse_cdf,
+    warp_logits,
+    warped_probs,
+)
 from lightspec_core.verify import verify_chain
 from models import ToyTokenizer, build_model, cached_model
 
@@ -365,3 +372,45 @@ def test_exponential_noise_is_exp1_per_row_and_samples_p():
     picks = (p / exponential_noise([g] * n, 4, torch.device("cpu"))).argmax(-1)
     freq = torch.bincount(picks, minlength=4).float() / n
     assert torch.allclose(freq, p, atol=0.01) and int(freq[3] * n) == 0
+
+
+def test_inverse_cdf_sampling_draws_from_p():
+    """``sample_inverse_cdf``: one uniform per row gives a draw from p (frequencies within
+    0.01 over 60,000 rows, unnormalised p too), never a token of probability 0 (first,
+    last and inner ones, and u = 0), each row from its own generator."""
+    p = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.2, 0.0])
+    n = 60_000
+    g = torch.Generator().manual_seed(4)
+    u = row_uniforms([g] * n, torch.device("cpu"))
+    assert u.shape == (n,) and u.dtype == torch.float64 and bool(((u >= 0) & (u < 1)).all())
+    for scale in (1.0, 3.7):
+        picks = sample_inverse_cdf((p * scale).expand(n, 6), u)
+        freq = torch.bincount(picks, minlength=6).double() / n
+        assert torch.allclose(freq, p.double(), atol=0.01), freq
+        assert int(torch.bincount(picks, minlength=6)[[0, 2, 5]].sum()) == 0
+    edge = sample_inverse_cdf(p.expand(2, 6), torch.tensor([0.0, 1 - 1e-12], dtype=torch.float64))
+    assert edge.tolist() == [1, 4]
+    a = row_uniforms([torch.Generator().manual_seed(1), torch.Generator().manual_seed(2)], torch.device("cpu"))
+    b = row_uniforms([torch.Generator().manual_seed(2)], torch.device("cpu"))
+    assert a[1] == b[0]
+
+
+def test_a_row_without_a_draft_samples_what_a_plain_step_samples():
+    """In a sampled verify, a row whose draft is empty emits exactly ``sample_next``'s token
+    from the same generator state (so a seeded row's output does not depend on whether
+    other rows of its batch drafted), while drafting rows go through rejection sampling."""
+    from lightspec_core.verify import sample_next
+
+    sampling = SamplingParams(temperature=0.8)
+    logits = torch.randn(4, K + 1, VOCAB, generator=torch.Generator().manual_seed(5)) * 2
+    lengths = torch.tensor([0, 2, 0, K])
+    proposal = DraftProposal(tokens=torch.randint(0, VOCAB, (4, K), generator=torch.Generator().manual_seed(6)),
+                             lengths=lengths, source="test")
+    for seed in range(20):
+        ctx = make_ctx(4, sampling, seed)
+        ctx.generators = [torch.Generator().manual_seed(seed * 10 + b) for b in range(4)]
+        result = verify_chain(ctx, proposal, logits)
+        plain = sample_next(logits[:, 0], sampling, [torch.Generator().manual_seed(seed * 10 + b) for b in range(4)])
+        assert result.emitted[0, 0] == plain[0] and result.emitted[2, 0] == plain[2]
+        assert result.accepted[0] == 0 and result.accepted[2] == 0
+        assert result.emitted[0, 1:].eq(-1).all() and result.emitted[2, 1:].eq(-1).all()

@@ -20,6 +20,8 @@ _LAZY = {
     "warp_logits": "sampling",
     "warped_probs": "sampling",
     "exponential_noise": "sampling",
+    "sample_inverse_cdf": "sampling",
+    "row_uniforms": "sampling",
     "get_registry": "plugins",
 }
 

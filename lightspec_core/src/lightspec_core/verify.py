@@ -15,7 +15,7 @@ from lightspec_kernels import chain_verify
 
 from .hookspecs import hookimpl
 from .interfaces import DraftProposal, StepContext, VerifyResult
-from .sampling import argmax_last, exponential_noise, warped_probs
+from .sampling import argmax_last, exponential_noise, row_uniforms, sample_inverse_cdf, warped_probs
 
 
 class StandardVerifier:
@@ -43,8 +43,13 @@ def verify_chain(ctx: StepContext, proposal: DraftProposal, logits: torch.Tensor
         return VerifyResult(accepted, emitted)
     p = warped_probs(logits, ctx.sampling)
     B, K = proposal.tokens.shape
-    uniforms, exps = random_inputs(ctx.generators, K, p.shape[-1], p.device)
+    first, uniforms, exps = random_inputs(ctx.generators, K, p.shape[-1], p.device)
     accepted, emitted = chain_verify(proposal.tokens, proposal.lengths, p, proposal.probs, uniforms, exps)
+    # a row without a draft takes the token a plain step would sample (sample_next), from
+    # the same first random number: its output does not depend on other rows' drafts
+    plain = (proposal.lengths == 0).nonzero().flatten()
+    if plain.numel():
+        emitted[plain, 0] = sample_inverse_cdf(p[plain, 0], first[plain.to(first.device)]).to(emitted.dtype)
     return VerifyResult(accepted, emitted)
 
 
@@ -121,14 +126,16 @@ def greedy_cpu_lazy(tokens: torch.Tensor | list[list[int]], lengths: torch.Tenso
                         torch.tensor(emitted, dtype=torch.long, device=dev).view(B, K + 1))
 
 
-def random_inputs(generators: list[torch.Generator], k: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row random numbers for one verification: uniforms [B, k] and Exp(1) noise [B, V].
+def random_inputs(generators: list[torch.Generator], k: int, vocab: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row random numbers for one verification: the plain step's uniform ``[B]``
+    (float64), uniforms ``[B, k]`` and Exp(1) noise ``[B, V]``.
 
-    The noise is drawn first, then the uniforms, so a row that drafts nothing gets exactly
-    the noise ``sample_next`` would use: its token does not depend on other rows' drafts."""
+    The plain step's uniform is drawn first, so a row that drafts nothing samples exactly
+    what ``sample_next`` would sample: its token does not depend on other rows' drafts."""
+    first = row_uniforms(generators, device)
     exps = exponential_noise(generators, vocab, device)
     uniforms = torch.stack([torch.rand(k, generator=g, device=device) for g in generators])
-    return uniforms, exps
+    return first, uniforms, exps
 
 
 def sample_next(logits: torch.Tensor, ctx_sampling, generators) -> torch.Tensor:
@@ -136,4 +143,4 @@ def sample_next(logits: torch.Tensor, ctx_sampling, generators) -> torch.Tensor:
     if ctx_sampling.greedy:
         return argmax_last(logits)
     p = warped_probs(logits, ctx_sampling)
-    return argmax_last(p / exponential_noise(generators, p.shape[-1], p.device))
+    return sample_inverse_cdf(p, row_uniforms(generators, p.device))
