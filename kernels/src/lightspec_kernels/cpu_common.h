@@ -1,17 +1,15 @@
-/* What every CPU kernel file shares: the 16-float vector type (GCC vector extension: one
- * zmm register with AVX-512, two ymm registers with AVX2) and the instruction-set report
- * that lightspec_kernels._cpu_build checks after loading a library. */
+/* What every CPU kernel file shares: the machine's float vector type (GCC vector
+ * extension) and the instruction-set report that lightspec_kernels._cpu_build checks
+ * after loading a library. */
 #pragma once
 #include <stdint.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64)));
-
 /* The machine's own float vector, `LS_VW` lanes: a zmm register with AVX-512, a ymm
  * register with AVX2.  Loops that keep vectors in registers across iterations (the
- * accumulators of a product) use it: without AVX-512 GCC keeps a 64-byte v16 on the stack
+ * accumulators of a product) use it: without AVX-512 GCC keeps a 64-byte vector on the stack
  * and moves it through memory on every operation (on a Zen 3 VM the product tiles ran at
- * 3.7 G multiply-adds/s on v16 against 28 for the BLAS). */
+ * 3.7 G multiply-adds/s that way, against 25 in ymm registers and 28 for the BLAS). */
 #if defined(__AVX512F__)
 #define LS_VW 16
 #else
@@ -24,14 +22,6 @@ static inline vf splatv(float f) { return (vf){0} + f; }
 static inline vf loadv(const float *p) {
   vf v;
   memcpy(&v, p, sizeof v);
-  return v;
-}
-
-static inline v16 splat(float f) { return (v16){f, f, f, f, f, f, f, f, f, f, f, f, f, f, f, f}; }
-
-static inline v16 load16(const float *p) {
-  v16 v;
-  memcpy(&v, p, 64);
   return v;
 }
 
