@@ -111,3 +111,75 @@ def test_round_order_balances_positions_over_each_pair_of_rounds():
             assert first.index(m) + second.index(m) == len(methods) - 1
     firsts = [round_order(methods, i)[0] for i in range(0, 14, 2)]
     assert sorted(firsts) == methods  # the rotation gives every method the first place in turn
+
+
+def test_student_t_cdf_matches_tabulated_quantiles():
+    import pytest
+    from lightspec_core.bench import _T95, _student_t_cdf
+
+    # the two-sided 95% quantiles the intervals use: P(T <= -t) = 0.025 for each df
+    for df, t in enumerate(_T95, start=1):
+        assert _student_t_cdf(-t, df) == pytest.approx(0.025, abs=1e-4)  # the table has 3 decimals
+        assert _student_t_cdf(t, df) == pytest.approx(0.975, abs=1e-4)
+    assert _student_t_cdf(0.0, 7) == pytest.approx(0.5)
+    # one-sided 5% for df = 7 (1.895) and 99.5% for df = 3 (5.841), from t tables
+    assert _student_t_cdf(-1.895, 7) == pytest.approx(0.05, abs=1e-4)
+    assert _student_t_cdf(5.841, 3) == pytest.approx(0.995, abs=1e-4)
+    # df = 1 is Cauchy: P(T <= t) = 1/2 + atan(t)/pi
+    import math
+    for t in (-30.0, -1.0, 0.3, 4.0):
+        assert _student_t_cdf(t, 1) == pytest.approx(0.5 + math.atan(t) / math.pi, abs=1e-12)
+
+
+def test_slower_p_value_is_small_only_for_consistently_slower_rounds():
+    import math
+
+    from lightspec_core.bench import slower_p_value
+
+    slower = [math.log(r) for r in (0.97, 0.98, 0.96, 0.975, 0.985, 0.97, 0.965, 0.98)]
+    faster = [-x for x in slower]
+    assert slower_p_value(slower) < 0.001
+    assert slower_p_value(faster) > 0.999
+    assert 0.2 < slower_p_value([math.log(r) for r in (0.97, 1.03, 0.99, 1.01)]) < 0.8
+    assert slower_p_value([0.0, 0.0, 0.0]) == 0.5
+    assert slower_p_value([0.01]) is None
+
+
+def test_holm_rejects_step_down_and_stops_at_the_first_kept_hypothesis():
+    from lightspec_core.bench import holm_rejected
+
+    # m = 4: thresholds 0.0125, 0.0167, 0.025, 0.05
+    assert holm_rejected({"a": 0.001, "b": 0.015, "c": 0.03, "d": 0.9}) == ["a", "b"]
+    # "b" at 0.02 > 0.0167 stops the procedure, though "c" alone would pass its threshold
+    assert holm_rejected({"a": 0.001, "b": 0.02, "c": 0.021, "d": 0.9}) == ["a"]
+    assert holm_rejected({"a": 0.02, "b": 0.5}) == ["a"]  # 0.02 <= 0.05 / 2
+    assert holm_rejected({"a": 0.03, "b": 0.5}) == []
+    assert holm_rejected({}) == []
+
+
+def test_equal_methods_flag_one_cell_in_forty_alone_and_hardly_ever_a_family():
+    """Why the batch target is judged as a family: 50 cells of two equal methods (8 paired
+    rounds each, noise only) put ~2.5% of cells "below 1" one by one; Holm's procedure
+    over the 50 flags a family in about 5% of such runs at most."""
+    import math
+    import random
+
+    from lightspec_core.bench import holm_rejected, slower_p_value
+
+    rng = random.Random(4)
+    runs, cells, per_cell, families = 200, 50, 0, 0
+    for _ in range(runs):
+        ps = {}
+        for c in range(cells):
+            ps[c] = slower_p_value([rng.gauss(0.0, 0.02) for _ in range(8)])
+            per_cell += ps[c] < 0.025
+        families += bool(holm_rejected(ps))
+    assert 0.015 < per_cell / (runs * cells) < 0.035
+    assert families / runs <= 0.08
+    # and a real 3% slowdown in one cell among them is found nearly every time
+    found = 0
+    for _ in range(50):
+        ps = {c: slower_p_value([rng.gauss(0.0, 0.01) for _ in range(8)]) for c in range(cells - 1)}
+        ps["slow"] = slower_p_value([rng.gauss(math.log(0.97), 0.01) for _ in range(8)])
+        found += "slow" in holm_rejected(ps)
+    assert found >= 45
