@@ -108,10 +108,15 @@ def ratio_interval(logs: list[float]) -> tuple[float, float, float] | None:
     n = len(logs)
     if n < 2:
         return None
-    mean = sum(logs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    mean, sd = _mean_sd(logs)
     half = (_T95[n - 2] if n - 1 <= len(_T95) else 1.96) * sd / math.sqrt(n)
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1) of two or more values."""
+    mean = sum(xs) / len(xs)
+    return mean, math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
 
 
 def slower_p_value(logs: list[float]) -> float | None:
@@ -123,8 +128,7 @@ def slower_p_value(logs: list[float]) -> float | None:
     n = len(logs)
     if n < 2:
         return None
-    mean = sum(logs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    mean, sd = _mean_sd(logs)
     if sd == 0:
         return 0.5 if mean == 0 else (0.0 if mean < 0 else 1.0)
     return _student_t_cdf(mean / (sd / math.sqrt(n)), n - 1)
