@@ -2,6 +2,7 @@
  * extension) and the instruction-set report that lightspec_kernels._cpu_build checks
  * after loading a library. */
 #pragma once
+#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -17,7 +18,17 @@
 #endif
 typedef float vf __attribute__((vector_size(LS_VW * 4)));
 
-static inline vf splatv(float f) { return (vf){0} + f; }
+/* Every lane = f.  Not `(vf){0} + f`: GCC may not drop that + 0 (it would turn -0 into +0),
+ * so every broadcast cost an add, and its zero kept one of the 16 ymm registers. */
+static inline vf splatv(float f) {
+#if defined(__AVX512F__)
+  return (vf)_mm512_set1_ps(f);
+#elif defined(__AVX__)
+  return (vf)_mm256_set1_ps(f);
+#else
+  return (vf){0} + f;
+#endif
+}
 
 static inline vf loadv(const float *p) {
   vf v;

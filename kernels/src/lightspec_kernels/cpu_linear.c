@@ -53,7 +53,8 @@ static inline void store(float *y, vf v, int h, int64_t n) {
  * Each output lane is acc = x[k] * w[k] + acc for k = 0..K-1 from 0, whatever the tile or
  * the vector width, so every tile gives the same bits. */
 #define TILE(NAME, WT, LOAD, MT, NT)                                                         \
-  static void NAME(const float *x, int64_t ldx, int64_t K, const WT *w, const float *bias,   \
+  __attribute__((unused)) static void NAME(const float *x, int64_t ldx, int64_t K,           \
+                   const WT *w, const float *bias,                                           \
                    float *y, int64_t ldy, int64_t nb0, int64_t N) {                          \
     vf acc[MT][NT * LS_VH];                                                                  \
     const WT *wb[NT];                                                                        \
@@ -86,7 +87,16 @@ static inline void store(float *y, vf v, int h, int64_t n) {
  * AVX-512 (32 zmm, a block is one register): the 8 x 3 tile (24 accumulators, 11 loads per
  * 24 multiply-adds) carries a prefill: on the 2-core VM it made 256-row products 13%
  * faster than 8 x 2.  AVX2 (16 ymm, a block is two): tiles of at most 4 rows; on a Zen 3
- * VM 4 x 2 (16 accumulators) ran at 25 G multiply-adds/s, 6 x 1 and 8 x 1 at 23 and 21. */
+ * VM 4 x 2 (16 accumulators) ran at 25 G multiply-adds/s, 6 x 1 and 8 x 1 at 23 and 21.
+ * That counts registers for float32 weights, which the multiply-adds read straight from
+ * memory.  float16 weights are converted into registers first, and 4 x 2 then needs 16
+ * accumulators + 4 converted weights + 1 broadcast = 21 of the 16 registers: GCC kept 5
+ * accumulators on the stack and moved them through memory on every k.  So float16 weights
+ * take one block per tile from 2 rows on (4 x 1: 8 + 2 + 1 = 11 registers): on a Zen 4 VM
+ * (AVX2 only), measured in one process on the zoo target's own weights, the products of
+ * 4, 8, 16 and 64 rows took 0.76, 0.73, 0.69 and 0.66 of the time of 4 x 2, and 2 x 1 took
+ * 0.70-0.77 of 2 x 2 (1 x 4 stayed the fastest for one row).  WIDE and WIDE_NT take the
+ * weight type. */
 #if defined(__AVX512F__)
 #define LS_MAX_ROWS 8
 #define TILES(SFX, WT, LOAD)                 \
@@ -103,7 +113,8 @@ static inline void store(float *y, vf v, int h, int64_t n) {
   TILE(t6_1_##SFX, WT, LOAD, 6, 1)           \
   TILE(t8_1_##SFX, WT, LOAD, 8, 1)
 #define WIDE(SFX) {0, t1_4_##SFX, t2_4_##SFX, t3_4_##SFX, t4_4_##SFX, 0, t6_2_##SFX, 0, t8_3_##SFX}
-#define WIDE_NT {0, 4, 4, 4, 4, 0, 2, 0, 3}
+#define WIDE_NT_f16 {0, 4, 4, 4, 4, 0, 2, 0, 3}
+#define WIDE_NT_f32 WIDE_NT_f16
 #define NARROW(SFX) {0, t1_1_##SFX, t2_1_##SFX, t3_1_##SFX, t4_1_##SFX, 0, t6_1_##SFX, 0, t8_1_##SFX}
 #else
 #define LS_MAX_ROWS 4
@@ -115,8 +126,11 @@ static inline void store(float *y, vf v, int h, int64_t n) {
   TILE(t1_1_##SFX, WT, LOAD, 1, 1)           \
   TILE(t2_1_##SFX, WT, LOAD, 2, 1)           \
   TILE(t4_1_##SFX, WT, LOAD, 4, 1)
-#define WIDE(SFX) {0, t1_4_##SFX, t2_2_##SFX, t3_1_##SFX, t4_2_##SFX, 0, 0, 0, 0}
-#define WIDE_NT {0, 4, 2, 1, 2, 0, 0, 0, 0}
+#define WIDE_f16 {0, t1_4_f16, t2_1_f16, t3_1_f16, t4_1_f16, 0, 0, 0, 0}
+#define WIDE_f32 {0, t1_4_f32, t2_2_f32, t3_1_f32, t4_2_f32, 0, 0, 0, 0}
+#define WIDE(SFX) WIDE_##SFX
+#define WIDE_NT_f16 {0, 4, 1, 1, 1, 0, 0, 0, 0}
+#define WIDE_NT_f32 {0, 4, 2, 1, 2, 0, 0, 0, 0}
 #define NARROW(SFX) {0, t1_1_##SFX, t2_1_##SFX, t3_1_##SFX, t4_1_##SFX, 0, 0, 0, 0}
 #endif
 
@@ -149,7 +163,7 @@ TILES(f32, float, load_f32)
     typedef void (*tile)(const float *, int64_t, int64_t, const WT *, const float *, float *, int64_t,  \
                          int64_t, int64_t);                                                             \
     static const tile wide[9] = WIDE(SFX);                                                              \
-    static const int wide_nt[9] = WIDE_NT;                                                              \
+    static const int wide_nt[9] = WIDE_NT_##SFX;                                                        \
     static const tile narrow[9] = NARROW(SFX);                                                          \
     for (int64_t nb = s0 * STRIP; nb < NB && nb < s1 * STRIP; nb += STRIP) {                            \
       int64_t last = nb + STRIP < NB ? nb + STRIP : NB;                                                 \
