@@ -53,8 +53,7 @@ static inline void store(float *y, vf v, int h, int64_t n) {
  * Each output lane is acc = x[k] * w[k] + acc for k = 0..K-1 from 0, whatever the tile or
  * the vector width, so every tile gives the same bits. */
 #define TILE(NAME, WT, LOAD, MT, NT)                                                         \
-  __attribute__((unused)) static void NAME(const float *x, int64_t ldx, int64_t K,           \
-                   const WT *w, const float *bias,                                           \
+  static void NAME(const float *x, int64_t ldx, int64_t K, const WT *w, const float *bias,   \
                    float *y, int64_t ldy, int64_t nb0, int64_t N) {                          \
     vf acc[MT][NT * LS_VH];                                                                  \
     const WT *wb[NT];                                                                        \
@@ -120,12 +119,15 @@ static inline void store(float *y, vf v, int h, int64_t n) {
 #define LS_MAX_ROWS 4
 #define TILES(SFX, WT, LOAD)                 \
   TILE(t1_4_##SFX, WT, LOAD, 1, 4)           \
-  TILE(t2_2_##SFX, WT, LOAD, 2, 2)           \
   TILE(t3_1_##SFX, WT, LOAD, 3, 1)           \
-  TILE(t4_2_##SFX, WT, LOAD, 4, 2)           \
   TILE(t1_1_##SFX, WT, LOAD, 1, 1)           \
   TILE(t2_1_##SFX, WT, LOAD, 2, 1)           \
-  TILE(t4_1_##SFX, WT, LOAD, 4, 1)
+  TILE(t4_1_##SFX, WT, LOAD, 4, 1)           \
+  TILES_WIDE_##SFX(WT, LOAD)
+#define TILES_WIDE_f16(WT, LOAD)
+#define TILES_WIDE_f32(WT, LOAD)             \
+  TILE(t2_2_f32, WT, LOAD, 2, 2)             \
+  TILE(t4_2_f32, WT, LOAD, 4, 2)
 #define WIDE_f16 {0, t1_4_f16, t2_1_f16, t3_1_f16, t4_1_f16, 0, 0, 0, 0}
 #define WIDE_f32 {0, t1_4_f32, t2_2_f32, t3_1_f32, t4_2_f32, 0, 0, 0, 0}
 #define WIDE(SFX) WIDE_##SFX
