@@ -95,9 +95,9 @@ def batch_target(runs: dict) -> tuple[str, str, bool]:
     cell (strategy, workload, temperature) at once, so it is tested as one family.  Per
     cell, a one-sided paired t test of "not slower" (``bench.slower_p_value`` on the
     paired rounds); a cell is measurably slower when Holm's procedure over all cells
-    rejects it at a family-wise 5% (``bench.holm_rejected``).  Tested cell by cell at 5%
-    each, equal methods would still show about one cell in twenty "slower" by chance; the
-    text gives that per-cell count too, and the same test applied to the control (a second
+    rejects it at a family-wise 5% (``bench.holm_rejected``).  Tested cell by cell (a 95%
+    interval below 1), equal methods would still show about one cell in forty "slower" by
+    chance; the text gives that per-cell count too, and the same test applied to the control (a second
     `none`, identical to the first), which must come out clean where the test is fair."""
     from lightspec_core.bench import holm_rejected, slower_p_value
 
