@@ -311,7 +311,7 @@ def test_seeded_sampling_uses_each_rows_own_record_and_the_drafters_structural_c
 
     def ks(rows, hints):
         c = ctx(rows, deterministic=True)
-        c.extras = {"draft_cost_hints": hints}
+        c.draft_cost_hints = hints
         return p.lightspec_budget(c).max_draft.tolist()
 
     alone = ks([good], {"draft_model": 0.15})[0]
@@ -581,7 +581,7 @@ def test_a_drafter_starts_from_its_structural_cost_estimate():
         p = DynamicBudget()
         calibrate(p, rows)
         c = ctx([history(0, 0)] * rows)
-        c.extras = {"draft_cost_hints": hints}
+        c.draft_cost_hints = hints
         return p.lightspec_budget(c).max_draft.tolist()[0], p
 
     assert first_k({"layerskip": 0.54}, 8)[0] == 0

@@ -421,7 +421,7 @@ class DynamicBudget:
         # the cheapest drafter (by the cost of a one-token draft) decides whether to draft at all
         cheapest = min(self.draft_cost, key=lambda s: self.draft_fixed.get(s, 0.0) + self.draft_cost[s], default=None)
         # a batch prices a drafter it has not measured by its structural estimate (prior_cost)
-        self.hints = ((ctx.extras or {}).get("draft_cost_hints") or {}) if B > 1 else {}
+        self.hints = (ctx.draft_cost_hints or {}) if B > 1 else {}
         d = min(self.hints.values(), default=self.prior_draft_cost) if cheapest is None else self.draft_cost[cheapest]
         f = 0.0 if cheapest is None else self.draft_fixed.get(cheapest, 0.0) + self._catch_up(cheapest, B)
         scale = self.cost_scale.get(self.kind, 1.0)
@@ -507,7 +507,7 @@ class DynamicBudget:
         drafters' structural ``draft_cost_hints`` and the prior beta), so that a seeded
         request gets the same draft lengths, hence the same output, in every run and
         whatever shares its batch."""
-        hints = (ctx.extras or {}).get("draft_cost_hints") or {}
+        hints = ctx.draft_cost_hints or {}
         cheapest = min(hints.values(), default=self.prior_draft_cost)
         ks = [self.best_k(h.acceptance(), cheapest, self.prior_beta) for h in ctx.history]
         by_source = {}

@@ -198,7 +198,8 @@ class Engine:
                 hidden_states=hidden,
                 hidden_positions=hidden_valid,
                 deterministic=deterministic,
-                extras={"target_kv": kv, "draft_cost_hints": self._cost_hints()},
+                extras={"target_kv": kv},
+                draft_cost_hints=self._cost_hints(),
             )
             # 1. budget (never draft past a row's max_new_tokens)
             failure = None

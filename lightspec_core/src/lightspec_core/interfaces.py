@@ -77,12 +77,19 @@ class Budget:
     free_max_draft: optional [B] Python ints >= max_draft — a looser limit for model-free
     drafters (n-gram lookup: a draft costs them nothing to make, only verify width), which
     cut their drafts themselves by how far they expect them to hold; ``None``: max_draft
-    limits every drafter.  Only drafters that read ``StepContext.free_max_draft_list`` use it."""
+    limits every drafter.  Only drafters that read ``StepContext.free_max_draft_list`` use it.
+    reason: why the policy chose this (one word or short phrase, e.g. ``"calibrating"``,
+    ``"hold"``, ``"model"``), for the per-step statistics (``StepStats.budget_reason``).
+    estimates: the policy's numbers behind the choice (e.g. ``{"acceptance": 0.7,
+    "beta": 0.2}``), copied into ``StepStats.budget_estimates`` so a budget curve can be
+    drawn from the JSONL; keep it small (a few floats)."""
 
     max_draft: torch.Tensor
     min_confidence: torch.Tensor
     by_source: dict[str, list[int]] = field(default_factory=dict)
     free_max_draft: list[int] | None = None
+    reason: str = ""
+    estimates: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -146,6 +153,8 @@ class StepContext:
                  or None: ``max_draft_list`` for every drafter
     deterministic: every request is seeded: budget policies must decide from acceptance
                  alone (not timing), so a seeded request reproduces exactly
+    draft_cost_hints: ``{source: cost of one draft token relative to a target step}`` from
+                 the strategy's ``draft_cost_hints()`` (timing-free structural estimates)
     timer:       model drafters call ``timer.record(name, seconds, tokens, setup_s)``: the
                  budget prices each drafter from it (see ``StepTimer``)
     """
@@ -171,6 +180,7 @@ class StepContext:
     free_max_draft_list: list[int] | None = None
     deterministic: bool = False  # seeded sampling: policies must not depend on timing
     timer: StepTimer = field(default_factory=StepTimer)  # drafters record their model forward time here
+    draft_cost_hints: dict[str, float] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
 
     @property

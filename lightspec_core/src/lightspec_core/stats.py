@@ -50,6 +50,12 @@ class StepStats:
     draft_setup_s: float = 0.0  # part of draft_forward_s spent catching a drafter up (not per-token cost)
     # per model drafter: (seconds of its forwards without setup, draft tokens of its longest row)
     draft_by_source: dict[str, tuple[float, int]] = field(default_factory=dict)
+    # the budget's decision: k per row (after the max_new_tokens cap), why, and its estimates
+    budget_k: list[int] = field(default_factory=list)
+    budget_reason: str = ""
+    budget_estimates: dict[str, float] = field(default_factory=dict)
+    # share of the step's wall time in which neither a drafter nor the target computed
+    bubble_ratio: float = 0.0
 
     @property
     def drafted_total(self) -> int:
