@@ -8,7 +8,7 @@
 * ``save_tiny(path)`` both saved into one folder, loadable with ``from_pretrained``.
 * ``hf_reference(model, tok, prompt, n)`` HF ``generate(do_sample=False)`` with an
   explicit attention mask, eos disabled: the lossless reference.
-* ``ragged_steps(kv, ...)`` forwards through a ``BatchedKV`` of 3 rows that exercise
+* ``ragged_steps(kv, ...)`` forwards through a ``KVCache`` of 3 rows that exercise
   padding holes, per-row rollback and ragged appends (lean-forward comparisons).
 """
 
@@ -136,7 +136,7 @@ def forget_discovered_plugins() -> None:
 
 
 def ragged_steps(kv, seed: int = 0, one_token_steps: int = 1, wide: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Through ``kv`` (a ``BatchedKV`` of 3 rows): a ragged prefill, a per-row rollback, a
+    """Through ``kv`` (a ``KVCache`` of 3 rows): a ragged prefill, a per-row rollback, a
     ragged append, ``one_token_steps`` one-token steps and, if ``wide``, a ``wide``-token
     step; returns (logits, which positions are real) for each forward."""
     g = torch.Generator().manual_seed(seed)

@@ -10,8 +10,8 @@ import torch
 from helpers import ragged_append, ragged_steps
 from lightspec_core.cpu_norm import use_cpu_norms
 from lightspec_core.hf_attention import use_cpu_attention
-from lightspec_core.kvcache import BatchedKV
-from lightspec_core.lean_decoder import exact_lean_target, lean_decoder
+from lightspec_core.kvcache import KVCache
+from lightspec_core.lean_decoder import exact_lean_target, lean_forward
 from lightspec_core.weight_layout import use_cpu_layout
 from lightspec_kernels import cpu_decoder
 from models import build_model
@@ -28,7 +28,7 @@ def _kernel_model(arch: str, **overrides):
     return model
 
 
-def _steps(kv: BatchedKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _steps(kv: KVCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``helpers.ragged_steps``, then one-token steps past the slab's capacity (growth) and
     a verify-wide step; (logits, real positions) per forward."""
     return ragged_steps(kv, seed=1, one_token_steps=6, wide=5)
@@ -38,7 +38,7 @@ def _run(runner, capacity: int = 12, per_row: bool | None = False):
     """``_steps`` through a 3-row cache; ``per_row=False``: the layout with holes, which every
     model can run (``None``: per row where the runner offers it)."""
     with torch.inference_mode():
-        return _steps(BatchedKV(runner, 3, CPU, capacity=capacity, per_row=per_row))
+        return _steps(KVCache(runner, 3, CPU, capacity=capacity, per_row=per_row))
 
 
 def _alone(runner, row: int) -> list[torch.Tensor]:
@@ -47,7 +47,7 @@ def _alone(runner, row: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, 500, (3, 9), generator=g)[row : row + 1]
     prefill, keep, append = (9, 6, 4)[row], (5, 3, 4)[row], (2, 3, 1)[row]  # as helpers.ragged_steps
-    kv = BatchedKV(runner, 1, CPU, capacity=12)
+    kv = KVCache(runner, 1, CPU, capacity=12)
     with torch.inference_mode():
         out = [kv.forward(ids[:, :prefill]).logits]
         kv.truncate([keep])
@@ -65,7 +65,7 @@ def test_chained_forward_is_the_op_by_op_forward_and_hf_bit_for_bit(arch, fused_
     assert chained is not None and chained.chained is not None
     assert chained.chained.fused_activation  # the C SwiGLU rounds as PyTorch's on this machine
     chained.chained.fused_activation = fused_activation  # False: the activation between blocks in PyTorch
-    plain = lean_decoder(model)
+    plain = lean_forward(model)
     plain.chained = None
     for (a, valid), (b, _), (c, _) in zip(_run(chained), _run(plain), _run(model)):
         assert torch.equal(a[valid], b[valid])
@@ -80,7 +80,7 @@ def test_per_row_layout_gives_each_row_what_it_gets_alone(arch):
     model = _kernel_model(arch)
     chained = exact_lean_target(model)
     assert chained is not None and chained.row_offsets_ok
-    kv = BatchedKV(chained, 3, CPU, capacity=12)
+    kv = KVCache(chained, 3, CPU, capacity=12)
     assert kv.per_row
     with torch.inference_mode():
         steps = _steps(kv)
@@ -92,10 +92,10 @@ def test_per_row_layout_gives_each_row_what_it_gets_alone(arch):
 
 def test_chained_capture_records_what_the_op_by_op_forward_records():
     model = _kernel_model("llama")
-    chained, plain = lean_decoder(model).capture([0, 1, 2]), lean_decoder(model).capture([0, 1, 2])
+    chained, plain = lean_forward(model).capture([0, 1, 2]), lean_forward(model).capture([0, 1, 2])
     plain.chained = None
     assert chained.chained is not None
-    kv_a, kv_b = BatchedKV(chained, 2, CPU), BatchedKV(plain, 2, CPU)
+    kv_a, kv_b = KVCache(chained, 2, CPU), KVCache(plain, 2, CPU)
     ids = torch.randint(3, 500, (2, 6), generator=torch.Generator().manual_seed(2))
     ragged = torch.tensor([[1, 1, 1], [1, 0, 0]], dtype=torch.bool)  # a padded verify: packed rows
     with torch.inference_mode():
@@ -110,21 +110,21 @@ def test_chained_capture_records_what_the_op_by_op_forward_records():
 
 def test_chained_draft_forward_matches_hf_up_to_rounding():
     model = _kernel_model("llama")
-    fast = lean_decoder(model, exact=False)
+    fast = lean_forward(model, exact=False)
     assert fast.chained is not None
     for (a, valid), (c, _) in zip(_run(fast), _run(model)):
         torch.testing.assert_close(a[valid], c[valid], rtol=1e-4, atol=1e-4)
 
 
 def test_models_without_every_kernel_keep_the_op_by_op_forward(monkeypatch):
-    assert lean_decoder(_kernel_model("qwen3")).chained is None  # per-head q/k norms
-    assert lean_decoder(build_model("llama")).chained is None  # no packed weights, no kernel norms
+    assert lean_forward(_kernel_model("qwen3")).chained is None  # per-head q/k norms
+    assert lean_forward(build_model("llama")).chained is None  # no packed weights, no kernel norms
     no_norms = build_model("llama")
     use_cpu_layout(no_norms)
     use_cpu_attention(no_norms)
-    assert lean_decoder(no_norms).chained is None
+    assert lean_forward(no_norms).chained is None
     monkeypatch.setenv("LIGHTSPEC_CHAINED", "0")
-    assert lean_decoder(_kernel_model("llama")).chained is None
+    assert lean_forward(_kernel_model("llama")).chained is None
 
 
 def test_exact_rope_table_reads_the_rotary_modules_values():
@@ -133,14 +133,14 @@ def test_exact_rope_table_reads_the_rotary_modules_values():
     model = _kernel_model("llama", num_attention_heads=2, num_key_value_heads=1)
     lean = exact_lean_target(model)
     assert lean is not None and lean.chained is not None and lean.exact_rope_table
-    assert not lean_decoder(_kernel_model("llama")).exact_rope_table  # head size 16: not checked, not used
+    assert not lean_forward(_kernel_model("llama")).exact_rope_table  # head size 16: not checked, not used
     for (a, valid), (c, _) in zip(_run(lean, capacity=8), _run(model, capacity=8)):
         assert torch.equal(a[valid], c[valid])
 
 
 @torch.inference_mode()
 def test_per_row_cache_rollback_select_and_growth():
-    """``BatchedKV``'s per-row layout through ragged appends, per-row rollbacks (lists and
+    """``KVCache``'s per-row layout through ragged appends, per-row rollbacks (lists and
     tensors), a row dropped and growth past the capacity: every real slot's logits stay
     equal, bit for bit, to its row's run alone, and no hole is ever left."""
     model = _kernel_model("llama")
@@ -148,7 +148,7 @@ def test_per_row_cache_rollback_select_and_growth():
     g = torch.Generator().manual_seed(3)
     lens = [5, 17, 2, 11]
     seqs = [torch.randint(3, 500, (n,), generator=g).tolist() for n in lens]
-    kv = BatchedKV(lean, len(seqs), CPU, capacity=8)  # small: forces growth
+    kv = KVCache(lean, len(seqs), CPU, capacity=8)  # small: forces growth
     assert kv.per_row
     width = max(lens)
     ids = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -160,7 +160,7 @@ def test_per_row_cache_rollback_select_and_growth():
     assert kv.npos.tolist() == lens and kv.cols == width
     alone = []
     for s in seqs:
-        one = BatchedKV(lean, 1, CPU, capacity=8)
+        one = KVCache(lean, 1, CPU, capacity=8)
         one.forward(torch.tensor([s]))
         alone.append(one)
     for rnd in range(10):
@@ -189,9 +189,9 @@ def test_per_row_cache_rollback_select_and_growth():
 def test_per_row_needs_a_model_that_takes_row_offsets():
     model = _kernel_model("llama")
     with pytest.raises(ValueError, match="row_offsets"):
-        BatchedKV(model, 2, CPU, per_row=True)  # HF's forward: holes only
+        KVCache(model, 2, CPU, per_row=True)  # HF's forward: holes only
     lean = exact_lean_target(model)
-    a, b = BatchedKV(lean, 2, CPU), BatchedKV(lean, 2, CPU, per_row=False)
+    a, b = KVCache(lean, 2, CPU), KVCache(lean, 2, CPU, per_row=False)
     with pytest.raises(ValueError, match="same layout"):
         a.copy_from(b, 1)
 
@@ -210,7 +210,7 @@ def test_engine_batch_rows_equal_their_batch1_runs_in_the_per_row_layout(strateg
     prompts = make_prompts(6, seed=4)
     pipe = MTPPipeline(model, ToyTokenizer(), strategy=strategy, draft_model=draft,
                        budget={"type": "static", "k": 4}, **opts)
-    assert pipe.engine.runner.row_offsets_ok
+    assert pipe.engine.runner.net.row_offsets_ok
     batch = pipe.generate(prompts, max_new_tokens=24, ignore_eos=True)
     drafted, accepted = sum(r.stats.drafted for r in batch), sum(r.stats.accepted for r in batch)
     assert drafted > accepted > 0  # drafts were verified, some rejected: rows at different lengths
@@ -240,7 +240,7 @@ def test_per_row_prefill_runs_chained_and_packed_and_equals_hf(monkeypatch):
     valid[1, 4:] = False
     valid[2, 9:] = False
     with torch.inference_mode():
-        per_row = BatchedKV(lean, 3, CPU).forward(ids, valid).logits
-        hf = BatchedKV(model, 3, CPU).forward(ids, valid).logits
+        per_row = KVCache(lean, 3, CPU).forward(ids, valid).logits
+        hf = KVCache(model, 3, CPU).forward(ids, valid).logits
     assert calls == [(3, 11)]
     assert torch.equal(per_row[valid], hf[valid])

@@ -7,8 +7,8 @@ import pytest
 import torch
 from helpers import ragged_append
 from lightspec_core.interfaces import DraftProposal
-from lightspec_core.kvcache import BatchedKV
-from lightspec_core.model_parts import HiddenCapture, _final_norm, early_exit_view, num_layers
+from lightspec_core.kvcache import KVCache
+from lightspec_core.model_parts import HiddenCapture, early_exit_view, final_norm, num_layers
 from lightspec_core.verify import verify_chain
 from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
 
@@ -174,10 +174,10 @@ class FlakyVerifier:
         self.fail_steps = set(fail_steps)
 
     @hookimpl
-    def lightspec_verify(self, ctx, proposal, logits):
+    def lightspec_verify(self, ctx, proposal, output):
         if ctx.step in self.fail_steps:
             raise ValueError("boom in verify")
-        return verify_chain(ctx, proposal, logits)
+        return verify_chain(ctx, proposal, output.logits)
 
 
 def test_propose_failure_falls_back(model, tok, refs, caplog):
@@ -212,7 +212,7 @@ def test_failure_under_sampling_keeps_going(model, tok):
     assert all(len(o.token_ids) == 10 and o.stats.failures for o in out)
 
 
-# --- BatchedKV ---------------------------------------------------------------------------
+# --- KVCache ---------------------------------------------------------------------------
 
 
 def full_last_logits(model, seq):
@@ -233,7 +233,7 @@ def test_batched_kv_truncate_compact_select(arch):
     lens = [5, 17, 2, 11]
     seqs = [torch.randint(3, 500, (n,), generator=g).tolist() for n in lens]
     B = len(seqs)
-    kv = BatchedKV(model, B, torch.device("cpu"), capacity=8)  # small: forces growth
+    kv = KVCache(model, B, torch.device("cpu"), capacity=8)  # small: forces growth
     width = max(lens)
     ids = torch.zeros(B, width, dtype=torch.long)
     valid = torch.zeros(B, width, dtype=torch.bool)
@@ -278,7 +278,7 @@ def test_batched_kv_truncate_compact_select(arch):
 def test_batched_kv_batch1_fast_truncate():
     model = cached_model("qwen2")
     seq = list(range(10, 30))
-    kv = BatchedKV(model, 1, torch.device("cpu"), capacity=64)
+    kv = KVCache(model, 1, torch.device("cpu"), capacity=64)
     kv.forward(torch.tensor([seq]))
     kv.forward(torch.tensor([[40, 41, 42]]))
     kv.truncate(torch.tensor([len(seq) + 1]))  # keep only 40
@@ -322,7 +322,7 @@ def test_early_exit_view_logits(arch, L):
     view = early_exit_view(model, L)
     got = view(input_ids=ids).logits
     full = model(input_ids=ids, output_hidden_states=True)
-    manual = model.get_output_embeddings()(_final_norm(model)(full.hidden_states[L]))
+    manual = model.get_output_embeddings()(final_norm(model)(full.hidden_states[L]))
     torch.testing.assert_close(got, manual, atol=1e-5, rtol=1e-5)
     # the target itself is untouched and shares weights with the view
     assert num_layers(model) == 3
@@ -349,11 +349,13 @@ class HiddenProbe:
         with torch.inference_mode():
             for b, seq in enumerate(ctx.sequences):
                 ref = self.model(input_ids=torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states
-                slot = int(ctx.hidden_positions[b]) - 1  # the newest token the target has run
+                first, n = int(ctx.hidden_positions[b]), int(ctx.hidden_lengths[b])
+                # the states of the tokens committed since the last propose, up to the newest one the target ran
+                assert first + n == len(seq) - 1 and n >= 1
                 for i in self.hidden_layers:
                     h = ctx.hidden_states[i]
-                    assert h.shape[0] == ctx.batch
-                    torch.testing.assert_close(h[b, slot], ref[i][0, -1], atol=1e-4, rtol=1e-4)
+                    assert h.shape[0] == ctx.batch and h.shape[1] >= n
+                    torch.testing.assert_close(h[b, :n], ref[i][0, first:first + n], atol=1e-4, rtol=1e-4)
                     self.checked += 1
         # draft the target's own greedy continuation for row b's first token, to exercise q > 1 forwards
         k = max(ctx.max_draft_list)

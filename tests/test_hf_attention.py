@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import hf_reference, save_tiny
 from lightspec_core.hf_attention import NAME, lightspec_cpu_attention, use_cpu_attention, uses_cpu_attention
-from lightspec_core.kvcache import BatchedKV
+from lightspec_core.kvcache import KVCache
 from lightspec_core.lean_decoder import exact_lean_target
 from lightspec_core.pipeline import MTPPipeline, load_model
 from lightspec_core.weight_layout import use_cpu_layout
@@ -54,8 +54,8 @@ def test_a_verify_step_reproduces_one_token_steps_through_the_lean_target():
     use_cpu_attention(model)
     lean = exact_lean_target(model)
     ids = torch.tensor([make_prompts(2, seed=5)[1][:16]])
-    wide_kv = BatchedKV(lean, 1, torch.device("cpu"), capacity=64)
-    step_kv = BatchedKV(lean, 1, torch.device("cpu"), capacity=64)
+    wide_kv = KVCache(lean, 1, torch.device("cpu"), capacity=64)
+    step_kv = KVCache(lean, 1, torch.device("cpu"), capacity=64)
     with torch.inference_mode():
         wide_kv.forward(ids[:, :11])
         step_kv.forward(ids[:, :11])

@@ -101,7 +101,8 @@ def test_hook_verify_custom_verifier_decides_acceptance(tiny):
         name = "reject_all"
 
         @hookimpl
-        def lightspec_verify(self, ctx, proposal, logits):
+        def lightspec_verify(self, ctx, proposal, output):
+            logits = output.logits
             calls.append((tuple(logits.shape), tuple(proposal.tokens.shape)))
             B = logits.shape[0]
             emitted = torch.full((B, proposal.max_len + 1), -1, dtype=torch.long)

@@ -8,15 +8,15 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import ragged_steps
-from lightspec_core.kvcache import BatchedKV
-from lightspec_core.lean_decoder import exact_lean_target, lean_decoder
+from lightspec_core.kvcache import KVCache
+from lightspec_core.lean_decoder import exact_lean_target, lean_forward
 from lightspec_core.strategies.model_drafter import LayerSkipDrafter, ModelDrafter
 from models import build_model
 
 CPU = torch.device("cpu")
 
 
-def _steps(kv: BatchedKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _steps(kv: KVCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A ragged prefill, a per-row rollback, a ragged append and a single-token step;
     returns (logits, which positions are real) for each forward."""
     return ragged_steps(kv, seed=0)
@@ -25,8 +25,8 @@ def _steps(kv: BatchedKV) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def _assert_steps_match(reference, runner) -> None:
     """``_steps`` through both models; the logits of every real position agree (1e-4)."""
     with torch.no_grad():
-        ref = _steps(BatchedKV(reference, 3, CPU))
-        got = _steps(BatchedKV(runner, 3, CPU))
+        ref = _steps(KVCache(reference, 3, CPU))
+        got = _steps(KVCache(runner, 3, CPU))
     for (r, valid), (g, _) in zip(ref, got):
         assert g.shape == r.shape
         torch.testing.assert_close(g[valid], r[valid], rtol=1e-4, atol=1e-4)
@@ -35,7 +35,7 @@ def _assert_steps_match(reference, runner) -> None:
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2", "qwen3"])
 def test_lean_forward_matches_hf(arch):
     model = build_model(arch)
-    lean = lean_decoder(model)
+    lean = lean_forward(model)
     assert lean is not None
     _assert_steps_match(model, lean)
 
@@ -47,22 +47,22 @@ def test_fast_draft_forward_matches_hf_up_to_rounding(arch, fuse):
     gate/up matmuls; the same logits up to float rounding, through holes and rollbacks,
     early exit included, and past the table's first size (positions grow it)."""
     model = build_model(arch)
-    fast = lean_decoder(model, exact=False, fuse=fuse)
+    fast = lean_forward(model, exact=False, fuse=fuse)
     assert fast is not None and not fast.exact
     _assert_steps_match(model, fast)
     with torch.no_grad():
         long_ids = torch.randint(3, 500, (1, 300), generator=torch.Generator().manual_seed(1))
-        r = BatchedKV(model, 1, CPU).forward(long_ids).logits
-        g = BatchedKV(lean_decoder(model, exact=False, fuse=fuse), 1, CPU).forward(long_ids).logits
+        r = KVCache(model, 1, CPU).forward(long_ids).logits
+        g = KVCache(lean_forward(model, exact=False, fuse=fuse), 1, CPU).forward(long_ids).logits
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
     from lightspec_core.model_parts import early_exit_view
 
-    _assert_steps_match(early_exit_view(model, 1), lean_decoder(model, 1, exact=False, fuse=fuse))
+    _assert_steps_match(early_exit_view(model, 1), lean_forward(model, 1, exact=False, fuse=fuse))
 
 
 def test_fuse_needs_the_inexact_forward():
     with pytest.raises(ValueError, match="fuse=True changes the rounding"):
-        lean_decoder(build_model("llama"), fuse=True)
+        lean_forward(build_model("llama"), fuse=True)
 
 
 def test_lean_forward_early_exit_matches_the_first_layers():
@@ -71,21 +71,21 @@ def test_lean_forward_early_exit_matches_the_first_layers():
 
     model = build_model("llama")
     with torch.no_grad():
-        ref = _steps(BatchedKV(early_exit_view(model, 1), 3, CPU))
-        got = _steps(BatchedKV(lean_decoder(model, 1), 3, CPU))
+        ref = _steps(KVCache(early_exit_view(model, 1), 3, CPU))
+        got = _steps(KVCache(lean_forward(model, 1), 3, CPU))
     for (r, valid), (g, _) in zip(ref, got):
         torch.testing.assert_close(g[valid], r[valid], rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="num_layers=9 is invalid"):
-        lean_decoder(model, 9)
+        lean_forward(model, 9)
 
 
 @pytest.mark.parametrize("arch", ["gemma", "gpt2", "gpt_neox", "phi3", "opt"])
 def test_other_architectures_keep_the_hf_forward(arch):
-    assert lean_decoder(build_model(arch)) is None
+    assert lean_forward(build_model(arch)) is None
 
 
 def test_sliding_window_keeps_the_hf_forward():
-    assert lean_decoder(build_model("mistral", sliding_window=16)) is None
+    assert lean_forward(build_model("mistral", sliding_window=16)) is None
 
 
 class _Env:
@@ -123,8 +123,8 @@ def test_lean_forward_is_bitwise_equal_to_hf(arch):
     HF's logits exactly — on valid positions, through holes and rollbacks."""
     model = build_model(arch)
     with torch.no_grad():
-        ref = _steps(BatchedKV(model, 3, CPU))
-        got = _steps(BatchedKV(lean_decoder(model), 3, CPU))
+        ref = _steps(KVCache(model, 3, CPU))
+        got = _steps(KVCache(lean_forward(model), 3, CPU))
     for (r, valid), (g, _) in zip(ref, got):
         assert torch.equal(g[valid], r[valid])
 
@@ -157,16 +157,16 @@ def test_lean_capture_records_what_hf_hidden_states_hold():
     ids = torch.randint(3, 500, (2, 7), generator=torch.Generator().manual_seed(1))
     layers = [0, 1, 3]  # embedding output, input of block 1, final norm output (3 blocks)
     hf = HiddenCapture(model, layers)
-    lean = lean_decoder(model).capture(layers)
+    lean = lean_forward(model).capture(layers)
     with torch.no_grad():
-        BatchedKV(model, 2, CPU).forward(ids)
-        BatchedKV(lean, 2, CPU).forward(ids)
+        KVCache(model, 2, CPU).forward(ids)
+        KVCache(lean, 2, CPU).forward(ids)
     hf.remove()
     assert sorted(lean.states) == layers
     for i in layers:
         assert torch.equal(lean.states[i], hf.states[i])
     with pytest.raises(ValueError, match="hidden layer id 4 is invalid"):
-        lean_decoder(model).capture([4])
+        lean_forward(model).capture([4])
 
 
 @pytest.mark.parametrize("arch,lean_target,expected", [("llama", True, "lean"), ("llama", False, "hf"), ("gpt2", True, "hf")])
@@ -183,8 +183,8 @@ def test_lean_logits_to_keep_gives_the_last_positions():
     model = build_model("llama")
     ids = torch.randint(3, 500, (2, 9), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        full = BatchedKV(lean_decoder(model), 2, CPU).forward(ids).logits
-        last = BatchedKV(lean_decoder(model), 2, CPU).forward(ids, logits_to_keep=3).logits
+        full = KVCache(lean_forward(model), 2, CPU).forward(ids).logits
+        last = KVCache(lean_forward(model), 2, CPU).forward(ids, logits_to_keep=3).logits
     assert last.shape == (2, 3, full.shape[-1])
     torch.testing.assert_close(last, full[:, -3:], rtol=1e-5, atol=1e-5)
 
@@ -198,8 +198,8 @@ def test_lean_last_positions_gives_one_position_per_row(exact):
     valid = torch.tensor([[True] * 5, [True] * 2 + [False] * 3, [True] * 4 + [False]])
     last = torch.tensor([4, 1, 3])
     with torch.no_grad():
-        full = BatchedKV(lean_decoder(model, exact=exact), 3, CPU).forward(ids, valid).logits
-        one = BatchedKV(lean_decoder(model, exact=exact), 3, CPU).forward(ids, valid, last_positions=last).logits
+        full = KVCache(lean_forward(model, exact=exact), 3, CPU).forward(ids, valid).logits
+        one = KVCache(lean_forward(model, exact=exact), 3, CPU).forward(ids, valid, last_positions=last).logits
     assert one.shape == (3, 1, full.shape[-1])
     torch.testing.assert_close(one[:, 0], full[torch.arange(3), last], rtol=1e-5, atol=1e-5)
 

@@ -165,7 +165,7 @@ def test_lossless_long_generation_compaction_and_growth(arch, tok, monkeypatch):
     import lightspec_core.kvcache as kvmod
 
     calls = {"compact": 0, "grow": 0}
-    compact, grow = kvmod.BatchedKV.compact, kvmod.SlabLayer._grow
+    compact, grow = kvmod.KVCache.compact, kvmod.SlabLayer._grow
 
     def counting_compact(self):
         calls["compact"] += 1
@@ -175,7 +175,7 @@ def test_lossless_long_generation_compaction_and_growth(arch, tok, monkeypatch):
         calls["grow"] += 1
         return grow(self, needed)
 
-    monkeypatch.setattr(kvmod.BatchedKV, "compact", counting_compact)
+    monkeypatch.setattr(kvmod.KVCache, "compact", counting_compact)
     monkeypatch.setattr(kvmod.SlabLayer, "_grow", counting_grow)
     model = cached_model(arch)
     prompts = make_prompts(8, seed=9) + [[7]]

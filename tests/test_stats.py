@@ -18,7 +18,7 @@ PROMPTS = make_prompts(5, seed=5)
 N_NEW = 18
 STEP_FIELDS = {f.name for f in dataclasses.fields(StepStats)} | {"acceptance_rate", "mean_accepted_length",
                                                                    "per_token_latency_s"}
-STAGES = {"budget", "draft", "verify_forward", "accept", "update"}
+STAGES = {"budget", "draft", "verify_forward", "verify", "commit"}
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 from lightspec_core.errors import LightSpecError
-from lightspec_core.kvcache import BatchedKV
-from lightspec_core.lean_decoder import lean_decoder
+from lightspec_core.kvcache import KVCache
+from lightspec_core.lean_decoder import lean_forward
 from models import ToyTokenizer, build_model, cached_model, hf_greedy, make_prompts
 
 from lightspec_core import MTPPipeline
@@ -27,18 +27,18 @@ def test_restricted_logits_are_the_full_ones_on_the_subset_and_minus_inf_elsewhe
     model = build_model("llama")
     ids = torch.randint(3, 500, (2, 6), generator=torch.Generator().manual_seed(0))
     keep = torch.tensor([5, 7, 11, 300, 499])
-    lean = lean_decoder(model)
+    lean = lean_forward(model)
     with torch.no_grad():
-        full = BatchedKV(lean, 2, torch.device("cpu")).forward(ids).logits
+        full = KVCache(lean, 2, torch.device("cpu")).forward(ids).logits
         lean.restrict_vocab(keep)
-        part = BatchedKV(lean, 2, torch.device("cpu")).forward(ids).logits
+        part = KVCache(lean, 2, torch.device("cpu")).forward(ids).logits
     torch.testing.assert_close(part[..., keep], full[..., keep], rtol=1e-5, atol=1e-5)
     others = torch.ones(full.shape[-1], dtype=torch.bool)
     others[keep] = False
     assert bool(torch.isneginf(part[..., others]).all())
     lean.restrict_vocab(None)
     with torch.no_grad():
-        again = BatchedKV(lean, 2, torch.device("cpu")).forward(ids).logits
+        again = KVCache(lean, 2, torch.device("cpu")).forward(ids).logits
     torch.testing.assert_close(again, full)
 
 

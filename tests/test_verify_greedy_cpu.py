@@ -1,12 +1,23 @@
-"""The CPU fast path of greedy chain verification (``verify.greedy_cpu``) against the
-kernel library's reference: same accepted counts and emitted tokens on random and
-hand-made chains (ragged lengths, empty drafts, tied logits)."""
+"""Greedy verification (``verify.greedy_chain`` / ``greedy_tree``) through a ``TargetOutput``
+against the kernel library's references: same accepted counts, emitted tokens and paths on
+random and hand-made chains and trees (ragged lengths, empty drafts, tied logits), and the
+lazy lm_head applied only as far as the walk goes."""
 
 from __future__ import annotations
 
 import torch
-from lightspec_core.verify import greedy_cpu
-from lightspec_kernels import chain_verify_ref
+from lightspec_core.interfaces import DraftProposal
+from lightspec_core.runner import TargetOutput
+from lightspec_core.verify import greedy_chain, greedy_tree
+from lightspec_kernels import chain_verify_ref, tree_verify_ref
+
+
+def eager(logits: torch.Tensor) -> TargetOutput:
+    return TargetOutput(logits.shape[0], logits.shape[1], None, logits, {})
+
+
+def rows(tokens, lengths):
+    return DraftProposal(tokens, lengths).node_rows()
 
 
 def test_matches_the_reference_on_random_chains():
@@ -20,26 +31,23 @@ def test_matches_the_reference_on_random_chains():
             agree = torch.rand(B, K, generator=gen) < 0.7  # mostly correct drafts, so prefixes get accepted
             tokens = torch.where(agree, target[:, :K], tokens)
             lengths = torch.randint(0, K + 1, (B,), generator=gen)
-            got = greedy_cpu(tokens, lengths, logits)
-            acc, emitted = chain_verify_ref(tokens, lengths, logits)
-            assert torch.equal(got.accepted, acc) and torch.equal(got.emitted, emitted)
+            accepted, emitted = greedy_chain(rows(tokens, lengths), eager(logits))
+            acc, em = chain_verify_ref(tokens, lengths, logits)
+            assert accepted == acc.tolist()
+            assert emitted == [e[: a + 1] for e, a in zip(em.tolist(), acc.tolist())]
 
 
 def test_a_hand_made_chain():
     logits = torch.full((1, 4, 5), -1.0)
     for pos, tok in enumerate([2, 4, 1, 3]):
         logits[0, pos, tok] = 1.0
-    got = greedy_cpu(torch.tensor([[2, 4, 0]]), torch.tensor([3]), logits)
-    assert got.accepted.tolist() == [2] and got.emitted.tolist() == [[2, 4, 1, -1]]
-    got = greedy_cpu(torch.tensor([[2, 4, 1]]), torch.tensor([3]), logits)  # all accepted: the bonus token
-    assert got.accepted.tolist() == [3] and got.emitted.tolist() == [[2, 4, 1, 3]]
+    assert greedy_chain([[2, 4, 0]], eager(logits)) == ([2], [[2, 4, 1]])
+    assert greedy_chain([[2, 4, 1]], eager(logits)) == ([3], [[2, 4, 1, 3]])  # all accepted: the bonus token
 
 
 def test_the_lazy_head_walk_equals_the_full_verify():
-    """``greedy_cpu_lazy``: the lm_head applied only to the positions the walk reaches (3,
-    then 4 at a time) gives ``greedy_cpu``'s result; ties, all-accepted rows and batches."""
-    from lightspec_core.verify import greedy_cpu_lazy
-
+    """The lm_head applied only to the slots the walk reaches (3, then 4 at a time) gives
+    the full verify's result; ties, all-accepted rows and batches."""
     gen = torch.Generator().manual_seed(1)
     for B, K, V in [(1, 0, 7), (1, 1, 5), (1, 6, 11), (4, 5, 3), (8, 16, 50), (2, 12, 9)]:
         for _ in range(30):
@@ -54,15 +62,55 @@ def test_the_lazy_head_walk_equals_the_full_verify():
             reached = []
 
             def head(h, reached=reached, head_w=head_w):
-                reached.append(h.numel() // h.shape[-1])  # (row, position) slots
+                reached.append(h.numel() // h.shape[-1])  # slots
                 return h @ head_w.T
 
-            got = greedy_cpu_lazy(tokens, lengths, hidden, head)
-            want = greedy_cpu(tokens, lengths, logits)
-            assert torch.equal(got.accepted, want.accepted) and torch.equal(got.emitted, want.emitted)
+            lazy = TargetOutput(B, K + 1, hidden, None, {}, head, lambda h, head=head: head(h).argmax(-1))
+            got = greedy_chain(rows(tokens, lengths), lazy)
+            want = greedy_chain(rows(tokens, lengths), eager(logits))
+            assert got == want
             # never past a row's own draft (its drafts and the bonus), always what the walk needs
             assert sum(reached) <= int(lengths.sum()) + B
-            assert sum(reached) >= int(want.accepted.sum()) + B
+            assert sum(reached) >= sum(want[0]) + B
+            assert lazy.head_s > 0
+
+
+def random_tree(gen, n: int, target_row: torch.Tensor, V: int) -> tuple[list[int], list[int]]:
+    """n nodes in topological order; each child's token is often the target's argmax at its parent."""
+    parents, tokens = [], []
+    for j in range(n):
+        p = int(torch.randint(-1, j, (1,), generator=gen)) if j else -1
+        parents.append(p)
+        hit = bool(torch.rand(1, generator=gen) < 0.6)
+        tokens.append(int(target_row[p + 1]) if hit else int(torch.randint(0, V, (1,), generator=gen)))
+    return tokens, parents
+
+
+def test_greedy_tree_matches_the_kernel_reference():
+    gen = torch.Generator().manual_seed(3)
+    for B, N, V in [(1, 1, 5), (1, 7, 6), (3, 9, 4), (8, 12, 20)]:
+        for _ in range(30):
+            logits = torch.randn(B, N + 1, V, generator=gen)
+            target = logits.argmax(-1)
+            lengths = torch.randint(0, N + 1, (B,), generator=gen).tolist()
+            nodes, parents = [], []
+            for b, n in enumerate(lengths):
+                t, p = random_tree(gen, n, target[b], V)
+                nodes.append(t)
+                parents.append(p)
+            got = greedy_tree(nodes, parents, eager(logits))
+            # the kernels' convention: node 0 is the root, node 1 + i draft node i
+            ktok = torch.zeros(B, N + 1, dtype=torch.long)
+            kpar = torch.full((B, N + 1), -1, dtype=torch.long)
+            for b in range(B):
+                ktok[b, 1 : 1 + len(nodes[b])] = torch.tensor(nodes[b], dtype=torch.long)
+                kpar[b, 1 : 1 + len(nodes[b])] = torch.tensor([p + 1 for p in parents[b]], dtype=torch.long)
+            ref = tree_verify_ref(ktok, kpar, logits)
+            assert got.accepted == ref.path_len.tolist()
+            for b in range(B):
+                path = [i - 1 for i in ref.path[b].tolist()[: int(ref.path_len[b])]]
+                assert got.path[b] == path
+                assert got.emitted[b] == [nodes[b][i] for i in path] + [int(ref.bonus[b])]
 
 
 def test_argmax_last_is_torch_argmax_with_ties_and_nan():

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import hf_reference, save_tiny
-from lightspec_core.kvcache import BatchedKV
-from lightspec_core.lean_decoder import exact_lean_target, lean_decoder
+from lightspec_core.kvcache import KVCache
+from lightspec_core.lean_decoder import exact_lean_target, lean_forward
 from lightspec_core.pipeline import MTPPipeline, load_model
 from lightspec_core.weight_layout import PackedLinear, column_major, is_column_major, use_cpu_layout
 from lightspec_kernels import cpu_linear
@@ -75,7 +75,7 @@ def test_greedy_identical_to_hf_on_the_restored_model(tmp_path):
 def test_lean_drafter_weights_keep_the_layout():
     model = build_model("llama")
     use_cpu_layout(model, packed=False)
-    lean = lean_decoder(model, exact=False, fuse=True)
+    lean = lean_forward(model, exact=False, fuse=True)
     assert all(len(f.weights) == 2 and all(is_column_major(w) for w in f.weights) for f in lean.fused)
     lean.restrict_vocab(torch.arange(0, 100))
     assert is_column_major(lean.out_weight) and torch.equal(lean.out_weight, model.lm_head.weight[:100])
@@ -130,7 +130,7 @@ def test_exact_lean_target_runs_the_packed_kernel_with_fused_siblings(arch):
     assert all(b.qkv is not None and b.gate_up is not None for b in lean.blocks)
     # a verify over 5 tokens gives each linear's rows exactly as one-token steps would
     ids = torch.tensor([make_prompts(2, seed=7)[1][:12]])
-    kv = BatchedKV(lean, 1, torch.device("cpu"), capacity=64)
+    kv = KVCache(lean, 1, torch.device("cpu"), capacity=64)
     with torch.inference_mode():
         kv.forward(ids[:, :7])
         wide = kv.forward(ids[:, 7:12]).logits
@@ -141,16 +141,16 @@ def test_exact_lean_target_runs_the_packed_kernel_with_fused_siblings(arch):
 def test_packed_drafter_fuses_and_restricts_the_vocabulary():
     model = build_model("llama")
     use_cpu_layout(model)
-    lean = lean_decoder(model, exact=False, fuse=True)
+    lean = lean_forward(model, exact=False, fuse=True)
     assert all(f.qkv is None and f.gate_up is None for f in lean.fused)  # the packed siblings already are one call
     ids = torch.tensor([make_prompts(1, seed=9)[0]])
-    kv = BatchedKV(lean, 1, torch.device("cpu"), capacity=64)
+    kv = KVCache(lean, 1, torch.device("cpu"), capacity=64)
     with torch.inference_mode():
         full = kv.forward(ids).logits
     torch.testing.assert_close(full, model(ids).logits.detach(), rtol=1e-4, atol=1e-4)
     keep = torch.arange(0, 64)
     lean.restrict_vocab(keep)
-    kv = BatchedKV(lean, 1, torch.device("cpu"), capacity=64)
+    kv = KVCache(lean, 1, torch.device("cpu"), capacity=64)
     with torch.inference_mode():
         part = kv.forward(ids).logits
     torch.testing.assert_close(part[..., keep], full[..., keep], rtol=1e-5, atol=1e-5)
@@ -180,17 +180,17 @@ def test_a_model_with_kernels_pickles_and_copies():
 
 @needs_kernel
 def test_the_lean_heads_argmax_is_fused_into_the_packed_head_and_equals_the_logits_argmax():
-    """``LeanDecoder._head_argmax`` (greedy decoding's lm_head): the packed head's fused
+    """``LeanDecoder.head_argmax`` (greedy decoding's lm_head): the packed head's fused
     argmax, the same index as the argmax of ``_head``'s logits, and the plain path where
     the vocabulary is restricted (logits outside it are -inf)."""
     model = build_model("llama")
     use_cpu_layout(model)
-    lean = lean_decoder(model)
+    lean = lean_forward(model)
     assert hasattr(lean.head_fn, "argmax")
     h = torch.randn(3, 5, model.config.hidden_size)
     with torch.no_grad():
-        assert torch.equal(lean._head_argmax(h), lean._head(h).argmax(-1))
-        assert torch.equal(lean._head_argmax(h[:, 1:4]), lean._head(h[:, 1:4]).argmax(-1))  # a strided slice
+        assert torch.equal(lean.head_argmax(h), lean.head_logits(h).argmax(-1))
+        assert torch.equal(lean.head_argmax(h[:, 1:4]), lean.head_logits(h[:, 1:4]).argmax(-1))  # a strided slice
         lean.restrict_vocab(torch.arange(10, 60))
-        got = lean._head_argmax(h)
-        assert torch.equal(got, lean._head(h).argmax(-1)) and bool(((got >= 10) & (got < 60)).all())
+        got = lean.head_argmax(h)
+        assert torch.equal(got, lean.head_logits(h).argmax(-1)) and bool(((got >= 10) & (got < 60)).all())

@@ -17,7 +17,7 @@ import sys
 import time
 
 import torch
-from lightspec_core.kvcache import BatchedKV
+from lightspec_core.kvcache import KVCache
 from lightspec_core.lean_decoder import exact_lean_target
 from lightspec_core.pipeline import default_model_path, load_model
 from lightspec_core.weight_layout import use_cpu_layout
@@ -56,7 +56,7 @@ with torch.inference_mode():
     for name, model in models.items():
         lean = exact_lean_target(model)
         assert lean is not None, name
-        kv = BatchedKV(lean, 1, torch.device("cpu"), capacity=1024)
+        kv = KVCache(lean, 1, torch.device("cpu"), capacity=1024)
         kv.forward(torch.randint(0, model.config.vocab_size, (1, 400)))
         caches[name] = kv
     times = {(n, q): [] for n in caches for q in (1, 2, 4, 8)}

@@ -10,7 +10,7 @@ import sys
 import time
 
 import torch
-from lightspec_core.kvcache import BatchedKV
+from lightspec_core.kvcache import KVCache
 from lightspec_core.lean_decoder import exact_lean_target
 from lightspec_core.pipeline import default_model_path, load_model
 
@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 40
 model = load_model(default_model_path(), torch.device("cpu"), torch.float32)
 lean = exact_lean_target(model)
-kv = BatchedKV(lean if lean is not None else model, 1, torch.device("cpu"), capacity=1024)
+kv = KVCache(lean if lean is not None else model, 1, torch.device("cpu"), capacity=1024)
 CTX = 400
 with torch.inference_mode():
     kv.forward(torch.randint(0, model.config.vocab_size, (1, CTX)))

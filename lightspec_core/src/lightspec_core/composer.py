@@ -30,7 +30,7 @@ import torch
 
 from .errors import ConfigError, LightSpecError
 from .hookspecs import hookimpl
-from .interfaces import DraftProposal, StepContext
+from .interfaces import DraftProposal, SparseProbs, StepContext
 
 COMBINATION_KINDS = ("switch", "cascade", "union")
 FUSION_FOR_KIND = {"switch": "first", "cascade": "concat", "union": "tree_union"}
@@ -60,9 +60,14 @@ class ConcatFusion:
 
 
 def fuse_rows(ctx: StepContext, proposals: list[DraftProposal | None], concat: bool) -> DraftProposal | None:
+    """Per row, the first non-empty chain (``concat=False``) or all chains one after the
+    other; tokens, probabilities, confidences and entropies travel with their tokens."""
     props = [p for p in proposals if p is not None and p.max_len > 0]
     if not props:
         return None
+    if any(p.parents is not None for p in props):
+        raise ValueError("the 'first' and 'concat' fusions join chains; a token tree needs the 'union' kind "
+                         "(the tree_union fusion of lightspec-tree)")
     B, dev = ctx.batch, ctx.device
     lens = [p.lengths.tolist() for p in props]
     need_probs = any(p.probs is not None for p in props) and not ctx.sampling.greedy
@@ -83,20 +88,26 @@ def fuse_rows(ctx: StepContext, proposals: list[DraftProposal | None], concat: b
     # (float32 confidences survive the round trip through Python floats exactly)
     tok_rows = [p.tokens.tolist() for p in props]
     conf_rows = [p.confidence.tolist() if p.confidence is not None else None for p in props]
+    ent_rows = [p.entropy.tolist() if p.entropy is not None else None for p in props]
+    with_ent = any(e is not None for e in ent_rows)
+    dense = [p.probs.dense(ctx.vocab_size) if isinstance(p.probs, SparseProbs) else p.probs for p in props]
     probs = torch.zeros(B, K, ctx.vocab_size, device=dev) if need_probs else None
-    tokens, conf, lengths, sources = [], [], [], []
+    tokens, conf, ent, lengths, sources = [], [], [], [], []
     for b, row in enumerate(pieces):
         t_row: list[int] = []
         c_row: list[float] = []
+        e_row: list[float] = []
         names = []
         for i, n in row:
             p = props[i]
             at = len(t_row)
             t_row += tok_rows[i][b][:n]
             c_row += conf_rows[i][b][:n] if conf_rows[i] is not None else [0.0] * n
+            # a drafter without entropies (n-gram lookup) is certain of its tokens: entropy 0
+            e_row += ent_rows[i][b][:n] if ent_rows[i] is not None else [0.0] * n
             if probs is not None:
-                if p.probs is not None:
-                    probs[b, at : at + n, : p.probs.shape[-1]] = p.probs[b, :n]
+                if dense[i] is not None:
+                    probs[b, at : at + n, : dense[i].shape[-1]] = dense[i][b, :n]
                 else:  # a drafter without probabilities: one-hot q
                     probs[b, torch.arange(at, at + n, device=dev), p.tokens[b, :n]] = 1.0
             names.append(p.source_of(b))
@@ -104,11 +115,13 @@ def fuse_rows(ctx: StepContext, proposals: list[DraftProposal | None], concat: b
         sources.append("+".join(names))
         tokens.append(t_row + [0] * (K - len(t_row)))
         conf.append(c_row + [0.0] * (K - len(c_row)))
+        ent.append(e_row + [0.0] * (K - len(e_row)))
     return DraftProposal(
         tokens=torch.tensor(tokens, dtype=torch.long, device=dev),
         lengths=torch.tensor(lengths, device=dev),
         probs=probs,
         confidence=torch.tensor(conf, dtype=torch.float32, device=dev),
+        entropy=torch.tensor(ent, dtype=torch.float32, device=dev) if with_ent else None,
         source=sources,
     )
 

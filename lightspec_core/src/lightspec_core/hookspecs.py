@@ -54,20 +54,23 @@ def lightspec_register_commands(cli):
 def lightspec_propose(ctx):
     """Draft tokens for the active rows.
 
-    ``ctx`` is a ``StepContext``.  Return a ``DraftProposal`` (``tokens [B, K]``,
-    ``lengths [B]`` with ``lengths[b] <= ctx.max_draft[b]``, optional ``probs [B, K, V]``
-    of the warped draft distribution) or ``None`` for "no draft this step".
-    firstresult: the first non-None proposal wins.
+    ``ctx`` is a ``StepContext``.  Return a ``DraftProposal`` (node tokens ``[B, N]``,
+    ``lengths [B]`` with ``lengths[b] <= ctx.max_draft_list[b]``, optional ``parents [B, N]``
+    for a token tree, optional draft probabilities ``[B, N, V]`` or ``SparseProbs``) or
+    ``None`` for "no draft this step".  firstresult: the strategy's implementation is used.
     """
 
 
 @hookspec(firstresult=True)
-def lightspec_verify(ctx, proposal, logits):
-    """Decide which drafted tokens to keep.
+def lightspec_verify(ctx, proposal, output):
+    """Decide which drafted nodes to keep.
 
-    ``logits [B, K+1, V]`` are the target's logits at the last emitted token and at each
-    draft slot.  Return a ``VerifyResult`` (``accepted [B]``, ``emitted [B, K+1]`` padded
-    with -1: the accepted drafts then one corrected/bonus token).  firstresult.
+    ``output`` is the target's ``TargetOutput`` over slots ``[B, N+1]``: slot 0 of a row is
+    its last committed token, slot ``1 + i`` its node i; ``output.logits_at`` /
+    ``output.argmax_at`` compute the lm_head only at the slots asked for, ``output.logits``
+    all of them.  Return a ``VerifyResult`` (``accepted [B]``, ``emitted [B, N+1]`` padded
+    with -1: the kept nodes' tokens then one corrected/bonus token; ``path [B, N]``: the
+    kept node indices, required for trees).  firstresult.
     """
 
 
@@ -80,10 +83,13 @@ def lightspec_fuse(ctx, proposals):
 @hookspec(firstresult=True)
 def lightspec_budget(ctx):
     """Decide how much to draft this step: return a ``Budget`` (``max_draft [B]`` int64,
-    ``min_confidence [B]`` float).  firstresult."""
+    ``min_confidence [B]`` float, optional ``reason`` and ``estimates`` for the statistics).
+    firstresult."""
 
 
 @hookspec
 def lightspec_on_stats(event):
-    """Receive one ``StepStats`` event per decode step (and a ``RequestSummary`` when a
-    request finishes).  Every sink is called, in registration order; results ignored."""
+    """Receive one ``StepStats`` event per decode step (``event.kind == "step"``) and one
+    ``RequestSummary`` when a request finishes (``event.kind == "request"``).  Every sink
+    is called, in registration order; results ignored.  A sink that raises is reported and
+    skipped for a while; it never stops the generation."""

@@ -1,4 +1,4 @@
-"""Batched KV cache with ragged rows, for the target and for draft models.
+"""The KV cache for B ragged rows, for the target and for model drafters (public: ``KVCache``).
 
 Why not ``DynamicCache``: it grows by ``torch.cat`` on every forward, which costs
 17-34% of a CPU decode step here.  ``SlabCache`` pre-allocates one slab per layer and
@@ -7,7 +7,7 @@ rolling back rejected tokens is just moving an integer.
 
 Ragged rows share one column axis.  Two layouts:
 
-* per row (``BatchedKV.per_row``, where the model takes ``row_offsets``: LightSpec's
+* per row (``KVCache.per_row``, where the model takes ``row_offsets``: LightSpec's
   chained lean forward): row b's tokens fill columns ``[0, npos[b])``, a step writes each
   row's new tokens where its own end, and rolling back is lowering ``npos[b]``.  A ragged
   verify (rows with drafts of different lengths, rows that accept different counts) leaves
@@ -18,6 +18,13 @@ Ragged rows share one column axis.  Two layouts:
   token), so a hole never shifts a position.  When holes waste too much of the slab the
   cache is compacted with one gather per layer.  Every later step's attention reads the
   holes too: at batch 8 that cost the speculating strategies more than their drafts won.
+
+A forward may carry a token tree instead of a chain (``tree=``: each new slot's parent
+slot): the new slots then attend to their ancestors only, at depth-based positions, and
+``commit`` keeps one path of them (compacted with the kernels' ``compact_kv_layers``).
+Models with sliding-window attention on the holes layout get their masks built here from
+each column's position (``kv_masks``): transformers' own sliding masks count columns, and a
+hole or padding column shifted every later token's window.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ from __future__ import annotations
 import inspect
 
 import torch
+from lightspec_kernels import compact_kv_layers, tree_attention_mask
 from transformers.cache_utils import Cache, DynamicLayer
+
+from .kv_masks import MaskBuilder
 
 
 class _SlabView:
@@ -148,13 +158,18 @@ def cache_kwarg(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-class BatchedKV:
+class KVCache:
     """A model's KV cache for B ragged rows, with per-row positions (module docstring).
 
-    Columns ``[0, cols)`` of the slab are in use; ``npos[b]`` is how many tokens row b has
-    cached (the position id of its next token).  Per row (``per_row``): row b holds
-    columns ``[0, npos[b])`` and ``cols`` is the longest row's length.  With holes:
-    ``valid[b, c]`` says whether column c holds a real token of row b.
+    ``lengths[b]`` (``npos[b]``) is how many tokens row b has cached, i.e. the position id of
+    its next token.  Columns ``[0, cols)`` of the slabs are in use.  Per row (``per_row``):
+    row b holds columns ``[0, npos[b])``.  With holes: ``valid[b, c]`` says whether column c
+    holds a real token of row b.
+
+    A model drafter keeps its own: ``forward`` appends (and runs the model), ``truncate``
+    rolls rows back, ``commit`` keeps one path of a tree forward, ``select_rows`` drops rows.
+    ``cache`` is the ``transformers`` Cache object (``SlabCache``) to pass to a module that
+    calls ``cache.update(keys, values, layer_idx)`` itself.
 
     ``per_row``: ``None`` (default) uses the per-row layout where the model offers it
     (``row_offsets_ok``); ``False`` keeps holes (the exactness probe compares HF's forward
@@ -171,59 +186,100 @@ class BatchedKV:
         self.valid = torch.zeros(batch, capacity, dtype=torch.bool, device=device)
         self.npos = torch.zeros(batch, dtype=torch.long, device=device)
         self.has_holes = False
+        self.block = (0, 0)  # (first column, width) of the last forward's new slots
         # a model that takes row_offsets also makes its cache's slabs before a prefill (init_cache)
         offered = bool(getattr(model, "row_offsets_ok", False))
         if per_row and not offered:
             raise ValueError("per_row=True needs a model that takes row_offsets (a LeanDecoder with the chained forward)")
         self.per_row = offered if per_row is None else bool(per_row)
+        # sliding-window models (holes layout) get masks built from column positions
+        self.masks = None if self.per_row else MaskBuilder.for_model(model, batch, capacity, device)
 
     @property
     def batch(self) -> int:
         return self.valid.shape[0]
 
-    def forward(self, input_ids: torch.Tensor, input_valid: torch.Tensor | None = None, **model_kwargs):
-        """Append ``input_ids [B, q]`` (each row's real tokens first, then padding
-        marked False in ``input_valid [B, q]``) and run the model over them.
+    @property
+    def lengths(self) -> list[int]:
+        """Tokens cached per row (the next token's position), as Python ints."""
+        return self.npos.tolist()
 
-        Returns the model output; ``logits`` is ``[B, q, V]``.
+    def forward(self, input_ids: torch.Tensor, input_valid: torch.Tensor | None = None, tree: torch.Tensor | None = None,
+                **model_kwargs):
+        """Append ``input_ids [B, q]`` (each row's real tokens first, then padding marked False
+        in ``input_valid [B, q]``) and run the model over them.
+
+        ``tree [B, q]`` int64 (optional): the parent slot of each new slot among the q
+        (``-1``: it continues the cached tokens; otherwise ``tree[b, j] < j``).  Each slot then
+        attends to the cached tokens and its ancestors only, at position ``lengths[b] +
+        depth``.  Without it the new slots are a chain.  Returns the model output
+        (``logits [B, q, V]`` unless the caller asked the model for none).
         """
+        depth = tree_mask = None
+        if tree is not None:
+            mask, depth = tree_attention_mask(tree, 0)  # [B, 1, q, q] ancestors-or-self, depth [B, q]
+            tree_mask = mask[:, 0]
         if self.per_row:
-            return self._forward_per_row(input_ids, input_valid, model_kwargs)
+            return self._forward_per_row(input_ids, input_valid, tree_mask, depth, model_kwargs)
         B, q = input_ids.shape
         end = self.cols + q
         if end > self.valid.shape[1]:
             grown = torch.zeros(B, max(end, 2 * self.valid.shape[1]), dtype=torch.bool, device=self.device)
             grown[:, : self.cols] = self.valid[:, : self.cols]
             self.valid = grown
-        if input_valid is None:
-            self.valid[:, self.cols : end] = True
+        if depth is not None:
+            position_ids = self.npos[:, None] + depth
+        elif input_valid is None:
             position_ids = self.npos[:, None] + torch.arange(q, device=self.device)
+        else:  # padding slots get the position after the row's last real token; they are masked anyway
+            position_ids = self.npos[:, None] + (input_valid.long().cumsum(1) - 1).clamp(min=0)
+        self.valid[:, self.cols : end] = True if input_valid is None else input_valid
+        if input_valid is None:
             self.npos += q
         else:
-            self.valid[:, self.cols : end] = input_valid
-            # padding slots get the position after the row's last real token; they are masked anyway
-            position_ids = self.npos[:, None] + (input_valid.long().cumsum(1) - 1).clamp(min=0)
             self.npos += input_valid.sum(1)
             if not bool(input_valid.all()):
                 self.has_holes = True
+        self.block = (self.cols, q)
         self.cols = end
-        attention_mask = self.valid[:, :end] if self.has_holes else None
         kwargs = {self.cache_kw: self.cache}
-        return self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **kwargs,
-            **model_kwargs,
-        )
+        lean = hasattr(self.model, "row_offsets_ok")  # a LeanDecoder takes the tree's own mask
+        if self.masks is not None or (tree_mask is not None and not lean):
+            attention_mask = self._full_mask(position_ids, input_valid, tree_mask)
+        else:
+            attention_mask = self.valid[:, :end] if self.has_holes else None
+            if tree_mask is not None:
+                kwargs["tree_mask"] = tree_mask
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=True, **kwargs, **model_kwargs)
 
-    def _forward_per_row(self, input_ids: torch.Tensor, input_valid: torch.Tensor | None, model_kwargs: dict):
+    def _full_mask(self, position_ids: torch.Tensor, input_valid: torch.Tensor | None, tree_mask: torch.Tensor | None):
+        """The 4D mask (or per-layer-type masks) of a holes-layout forward: each new slot sees
+        the row's valid cached columns and, among the new slots, its ancestors (a tree) or the
+        ones before it (a chain), within the sliding window where the model has one."""
+        start, q = self.block
+        end = start + q
+        allowed = self.valid[:, None, :end].expand(-1, q, -1).clone()  # [B, q, end]
+        new = tree_mask if tree_mask is not None else torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+        if input_valid is not None:
+            new = new & input_valid[:, None, :]
+        # a slot always sees itself: a padding slot attending to nothing would give NaN keys to later layers
+        new = new | torch.eye(q, dtype=torch.bool, device=self.device)
+        allowed[:, :, start:end] = new
+        if self.masks is None:
+            return _as_model_mask(self.model, allowed[:, None])
+        self.masks.record(position_ids, start)
+        return self.masks.build(allowed, position_ids, end, lambda m: _as_model_mask(self.model, m))
+
+    def _forward_per_row(self, input_ids: torch.Tensor, input_valid: torch.Tensor | None,
+                         tree_mask: torch.Tensor | None, depth: torch.Tensor | None, model_kwargs: dict):
         """``forward`` in the per-row layout: row b's new tokens at columns ``npos[b]`` on."""
         q = input_ids.shape[1]
         offsets = self.npos
-        position_ids = offsets[:, None] + torch.arange(q, device=self.device)
+        position_ids = offsets[:, None] + (depth if depth is not None else torch.arange(q, device=self.device))
         kwargs = {self.cache_kw: self.cache}
+        if tree_mask is not None:
+            kwargs["tree_mask"] = tree_mask
         if self.cols == 0:
             # the first forward, a prefill of right-padded prompts, runs per row and packed too
             # once the slabs exist: its padding costs no product (at batch 8 the suite's code
@@ -239,9 +295,28 @@ class BatchedKV:
         self.cols = cols
         self.cache.set_length(cols)
 
+    def commit(self, start: list[int], slots: list[list[int]]) -> None:
+        """After a forward from row lengths ``start`` (what ``lengths`` was before it), keep
+        of row b's new slots exactly ``slots[b]`` (indices among the q new slots, in sequence
+        order: a tree's accepted path, root first) and drop the rest: row b's length becomes
+        ``start[b] + len(slots[b])``.  A prefix ``0 .. n-1`` is a truncation; anything else
+        moves the kept keys and values into place with ``compact_kv_layers``."""
+        if any(s != list(range(len(s))) for s in slots):
+            width = max(len(s) for s in slots)
+            base = [start[b] for b in range(self.batch)] if self.per_row else [self.block[0]] * self.batch
+            keep = torch.tensor([[b0 + j for j in s] + [-1] * (width - len(s)) for b0, s in zip(base, slots)],
+                                dtype=torch.long, device=self.device)
+            dst = torch.tensor(base, dtype=torch.long, device=self.device)
+            slabs = [t for layer in self.cache.layers if layer.is_initialized for t in (layer.k_slab, layer.v_slab)]
+            if slabs:
+                compact_kv_layers(slabs, keep, dst)
+            if self.masks is not None:
+                self.masks.compact(keep, dst)
+        self.truncate([s0 + len(s) for s0, s in zip(start, slots)])
+
     def truncate(self, keep: torch.Tensor | list[int]) -> None:
-        """Keep only the first ``keep[b]`` tokens of each row (``keep [B]`` int64, or a list
-        of Python ints: a single row without holes then needs no tensor at all)."""
+        """Roll back: keep only the first ``keep[b]`` tokens of each row (``keep [B]`` int64, or
+        a list of Python ints: a single row without holes then needs no tensor at all)."""
         if self.cols == 0:
             return
         if not self.has_holes and self.batch == 1:
@@ -287,6 +362,8 @@ class BatchedKV:
         index = order.gather(1, src_rank.clamp(min=0))
         for layer in self.cache.layers:
             layer.gather_columns(index, width)
+        if self.masks is not None:
+            self.masks.gather(index, width)
         self.valid[:, : self.cols] = False
         self.valid[:, :width] = new_valid
         self.cols = width
@@ -298,12 +375,14 @@ class BatchedKV:
             layer.batch_select_indices(rows)
         self.valid = self.valid.index_select(0, rows)
         self.npos = self.npos.index_select(0, rows)
+        if self.masks is not None:
+            self.masks.select_rows(rows)
         if self.per_row:  # the longest remaining row sets the columns in use
             self._set_cols(int(self.npos.max()) if self.npos.numel() else 0)
         elif self.has_holes:
             self.has_holes = not bool(self.valid[:, : self.cols].all())
 
-    def copy_from(self, other: "BatchedKV", layers: int) -> None:
+    def copy_from(self, other: "KVCache", layers: int) -> None:
         """Become a copy of ``other``'s cache of its first ``layers`` layers, with its rows'
         bookkeeping (a drafter that shares the target's first blocks starts from the target's
         keys and values instead of a prefill).  Both must use the same layout."""
@@ -320,3 +399,17 @@ class BatchedKV:
                 layer.device, layer.is_initialized = src.device, True
             layer.set_length(src.length)
             self.cache.layers.append(layer)
+        if self.masks is not None and other.masks is not None:
+            self.masks.copy_from(other.masks)
+
+
+def _as_model_mask(model, allowed: torch.Tensor) -> torch.Tensor:
+    """A boolean ``[B, 1, q, cols]`` mask (True = attend) in the form ``model``'s attention
+    takes a prepared 4D mask: boolean for SDPA-style implementations, additive (0 / the
+    dtype's minimum) for eager attention."""
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if impl in (None, "sdpa", "lightspec_cpu", "flex_attention"):
+        return allowed
+    dtype = next(model.parameters()).dtype
+    out = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return out.masked_fill_(~allowed, torch.finfo(dtype).min)

@@ -27,16 +27,16 @@ where the C SwiGLU activation rounds as PyTorch's (checked at load): the same va
 the same order, so the same logits bit for bit, without ~25 Python-level calls per block:
 1.9 ms per one-token step over 400 cached tokens.  ``LIGHTSPEC_CHAINED=0`` keeps the
 op-by-op forward.  ``forward(..., head=False)`` returns the final hidden states instead of
-logits (``LeanOutput.hidden``): the engine's greedy verify applies the lm_head (``_head``)
+logits (``LeanOutput.hidden``): the engine's greedy verify applies the lm_head (``head_logits``)
 only to the positions it reaches.
 
 Supported: ``llama``, ``mistral``, ``qwen2`` and ``qwen3`` without sliding-window
 attention (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention, optional q/k
-biases, qwen3's q/k norms).  ``lean_decoder(model)`` returns ``None`` for anything else
+biases, qwen3's q/k norms).  ``lean_forward(model)`` returns ``None`` for anything else
 and the drafter keeps the HF forward.
 
 The call signature is the subset of an HF causal LM's ``forward`` that
-``BatchedKV.forward`` uses, so a ``LeanDecoder`` drops in for the model:
+``KVCache.forward`` uses, so a ``LeanDecoder`` drops in for the model:
 
 * ``input_ids [B, q]``, ``position_ids [B, q]``;
 * ``attention_mask [B, cols]`` (bool, one flag per cache column including the q new
@@ -49,7 +49,7 @@ The call signature is the subset of an HF causal LM's ``forward`` that
   different lengths, each packed from cache column 0 with no holes; row b's q new tokens
   go to columns ``row_offsets[b] + i`` and see only its own columns before them.  With it
   ``attention_mask`` is ``[B, q]``: which of the new slots are real tokens (``None``: all).
-  ``BatchedKV`` uses it where the model offers it (its per-row mode).
+  ``KVCache`` uses it where the model offers it (its per-row mode).
 
 It returns an object whose ``logits`` are ``[B, q, V]``.  ``capture(layer_ids)``
 records hidden states on every forward, numbered like ``model_parts.HiddenCapture``.
@@ -180,7 +180,7 @@ class _Block:
                      for n in (getattr(a, "q_norm", None), getattr(a, "k_norm", None))))
 
 
-def lean_decoder(model: nn.Module, num_layers: int | None = None, exact: bool = True,
+def lean_forward(model: nn.Module, num_layers: int | None = None, exact: bool = True,
                  fuse: bool = False) -> LeanDecoder | None:
     """A ``LeanDecoder`` over ``model``'s weights (shared, not copied unless ``fuse``), or
     ``None`` when the architecture is not one this module implements exactly.
@@ -263,7 +263,7 @@ class LeanDecoder:
     def row_offsets_ok(self) -> bool:
         """Whether ``forward`` takes ``row_offsets`` (rows at their own cache offsets): the
         chained path writes each row's keys where its own tokens end, so a ragged batch
-        leaves no holes in the cache (``BatchedKV``'s per-row layout)."""
+        leaves no holes in the cache (``KVCache``'s per-row layout)."""
         return self.chained is not None
 
     def init_cache(self, cache: SlabCache, batch: int) -> None:
@@ -313,17 +313,18 @@ class LeanDecoder:
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 cache=None, use_cache: bool = True, logits_to_keep: int = 0, last_positions: torch.Tensor | None = None,
-                head: bool = True, row_offsets: torch.Tensor | None = None, **_ignored) -> LeanOutput:
+                head: bool = True, row_offsets: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None,
+                **_ignored) -> LeanOutput:
         # head=False: the final norm's output only (``LeanOutput.hidden``); the caller applies
-        # the lm_head itself (``_head``), e.g. to the positions a greedy verify reaches
+        # the lm_head itself (``head_logits``), e.g. to the positions a greedy verify reaches
         keep = logits_to_keep if head else None
         if self.chained is not None and _cache_ready(cache, len(self.layers), input_ids.shape[0]):
             return self._forward_chained(input_ids, position_ids, attention_mask, cache, keep, last_positions,
-                                         row_offsets)
+                                         row_offsets, tree_mask)
         if row_offsets is not None:
             raise ValueError("row_offsets needs the chained forward (row_offsets_ok) and a filled cache")
         if not self.exact:
-            return self._forward_fast(input_ids, position_ids, attention_mask, cache, keep, last_positions)
+            return self._forward_fast(input_ids, position_ids, attention_mask, cache, keep, last_positions, tree_mask)
         B, q = input_ids.shape
         D, H, Hkv = self.head_dim, self.n_heads, self.n_kv
         h = F.embedding(input_ids, self.embed.weight)
@@ -362,7 +363,7 @@ class LeanDecoder:
                 ks = _rotate(ks.transpose(1, 2), cos, sin)
             keys, values = cache.update(ks, vs, i)  # [B, H_kv, cols, D], the new columns last
             if mask is None and (attention_mask is not None or q > 1):
-                mask = _mask(attention_mask, B, q, keys.shape[2], h.device)
+                mask = _mask(attention_mask, B, q, keys.shape[2], h.device, tree_mask)
             o = self._attend(qs, keys, values, mask)  # [B, q, H, D]
             h, x = blk.norm2(h, blk.o(o.reshape(B, q, -1)))
             if blk.gate_up is not None:
@@ -379,13 +380,16 @@ class LeanDecoder:
 
     def _forward_chained(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
                          attention_mask: torch.Tensor | None, cache, logits_to_keep: int,
-                         last_positions: torch.Tensor | None, row_offsets: torch.Tensor | None = None) -> LeanOutput:
+                         last_positions: torch.Tensor | None, row_offsets: torch.Tensor | None = None,
+                         tree_mask: torch.Tensor | None = None) -> LeanOutput:
         """The forward with each block as one ``cpu_decoder`` call: the same kernels on the
         same values as the op-by-op forward (so the same logits, bit for bit), without its
         ~25 Python-level calls per block.  The cache's slabs must exist (after a prefill).
 
         ``row_offsets [B]``: each row's own first new column (module docstring); the cache's
-        length is then the longest row's, and ``attention_mask [B, q]`` marks real slots."""
+        length is then the longest row's, and ``attention_mask [B, q]`` marks real slots.
+        ``tree_mask [B, q, q]``: which new slots each new slot sees (a token tree), instead of
+        the ones before it."""
         B, q = input_ids.shape
         layers = cache.layers[: len(self.layers)]
         cols = layers[0].length
@@ -402,14 +406,19 @@ class LeanDecoder:
         cos, sin = cos.contiguous(), sin.contiguous()
         mask = rows = None
         if row_offsets is not None:  # each row sees its own columns up to its new token's: [B, q, C]
-            mask = torch.arange(C)[None, None, :] <= row_offsets[:, None, None] + torch.arange(q)[None, :, None]
+            if tree_mask is None:
+                mask = torch.arange(C)[None, None, :] <= row_offsets[:, None, None] + torch.arange(q)[None, :, None]
+            else:  # its cached columns, then its ancestors among the new slots
+                rel = torch.arange(C)[None, None, :] - row_offsets[:, None, None]  # [B, 1, C]
+                among = tree_mask.gather(2, rel.clamp(0, q - 1).expand(B, q, C))
+                mask = (rel < 0) | ((rel < q) & among)
             if attention_mask is not None and not bool(attention_mask.all()):
                 rows = attention_mask.reshape(-1).nonzero().squeeze(1)  # only the real tokens go through the products
                 h = h.reshape(B * q, -1).index_select(0, rows)
                 mask &= attention_mask[:, :, None]
             mask = mask.contiguous()
         elif attention_mask is not None:  # [B, q, C]: holes in the cache, causal among the new tokens
-            mask = _mask(attention_mask, B, q, C, h.device)[:, 0]
+            mask = _mask(attention_mask, B, q, C, h.device, tree_mask)[:, 0]
             new_valid = attention_mask[:, cols:C]
             if not bool(new_valid.all()):
                 # a ragged verify (rows padded to the longest draft): only the real tokens go
@@ -431,7 +440,7 @@ class LeanDecoder:
             return self._logits(normed, logits_to_keep, last_positions)
         if logits_to_keep is None or logits_to_keep or last_positions is not None:
             return self._logits(_unpack(normed, rows, B, q), logits_to_keep, last_positions)
-        return LeanOutput(logits=_unpack(self._head(normed), rows, B, q))  # the lm_head on real tokens only
+        return LeanOutput(logits=_unpack(self.head_logits(normed), rows, B, q))  # the lm_head on real tokens only
 
     def _logits(self, h: torch.Tensor, logits_to_keep: int | None, last_positions: torch.Tensor | None = None) -> LeanOutput:
         """Final hidden states ``[B, q, H]`` → logits ``[B, q or logits_to_keep or 1, V]``
@@ -442,9 +451,9 @@ class LeanDecoder:
             h = h[torch.arange(h.shape[0], device=h.device), last_positions][:, None]
         elif logits_to_keep:  # as HF: logits of the last n positions only
             h = h[:, -logits_to_keep:]
-        return LeanOutput(logits=self._head(h))
+        return LeanOutput(logits=self.head_logits(h))
 
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
+    def head_logits(self, h: torch.Tensor) -> torch.Tensor:
         """The lm_head: ``[..., H]`` → ``[..., V]`` (-inf outside ``restrict_vocab``'s ids)."""
         if self.out_ids is None:
             return self.head_fn(h)
@@ -453,18 +462,19 @@ class LeanDecoder:
         logits[..., self.out_ids] = part
         return logits
 
-    def _head_argmax(self, h: torch.Tensor) -> torch.Tensor:
-        """``argmax_last(self._head(h))``: ``[..., H]`` → int64 ``[...]``, the first maximum.
+    def head_argmax(self, h: torch.Tensor) -> torch.Tensor:
+        """``argmax_last(self.head_logits(h))``: ``[..., H]`` → int64 ``[...]``, the first maximum.
         Fused into the lm_head where it runs LightSpec's CPU kernel (``cpu_linear``'s
         ``argmax``: each strip of logits is scanned while still in cache; read back after
         the head, 3 x 8192 logits took 30-35 us on the zoo target, cached 4 us)."""
         fused = getattr(self.head_fn, "argmax", None)
         if fused is not None and self.out_ids is None:
             return fused(h)
-        return argmax_last(self._head(h))
+        return argmax_last(self.head_logits(h))
 
     def _forward_fast(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                      cache, logits_to_keep: int, last_positions: torch.Tensor | None = None) -> LeanOutput:
+                      cache, logits_to_keep: int, last_positions: torch.Tensor | None = None,
+                      tree_mask: torch.Tensor | None = None) -> LeanOutput:
         """The ``exact=False`` forward: same arguments and results up to rounding, fewer ops."""
         B, q = input_ids.shape
         D, H, Hkv = self.head_dim, self.n_heads, self.n_kv
@@ -499,7 +509,7 @@ class LeanDecoder:
             qs, ks = qk[:, :H], qk[:, H:]
             keys, values = cache.update(ks, vs, i)
             if mask is None and (attention_mask is not None or q > 1):
-                mask = _mask(attention_mask, B, q, keys.shape[2], h.device)
+                mask = _mask(attention_mask, B, q, keys.shape[2], h.device, tree_mask)
             o = self._attend(qs, keys, values, mask)  # [B, q, H, D]
             h, x = blk.norm2(h, blk.o(o.reshape(B, q, -1)))
             gate_up_fn = blk.gate_up or (self.fused[i].gate_up if self.fused is not None else None)
@@ -562,11 +572,11 @@ def exact_lean_target(model: nn.Module) -> LeanDecoder | None:
     """A ``LeanDecoder`` over all of ``model``'s blocks if it reproduces the model's own
     forward exactly (``torch.equal`` on every logit) on a probe; ``None`` otherwise.
 
-    The probe runs through ``BatchedKV`` exactly as the engine does: a right-padded batch
+    The probe runs through ``KVCache`` exactly as the engine does: a right-padded batch
     of two rows (so the mask has holes), a one-token step and a four-token step."""
-    from .kvcache import BatchedKV
+    from .kvcache import KVCache
 
-    lean = lean_decoder(model)
+    lean = lean_forward(model)
     if lean is None:
         return None
     param = next(model.parameters())
@@ -576,7 +586,7 @@ def exact_lean_target(model: nn.Module) -> LeanDecoder | None:
     steps = [torch.randint(0, vocab, (2, q), generator=gen).to(dev) for q in (12, 1, 4)]
     prefill_valid = torch.arange(12, device=dev)[None, :] < torch.tensor([[12], [9]], device=dev)
     # both with holes: the same cache layout, so any difference is the forward's own
-    kv_hf, kv_lean = BatchedKV(model, 2, dev, capacity=32), BatchedKV(lean, 2, dev, capacity=32, per_row=False)
+    kv_hf, kv_lean = KVCache(model, 2, dev, capacity=32), KVCache(lean, 2, dev, capacity=32, per_row=False)
     with torch.inference_mode():
         for j, ids in enumerate(steps):
             valid = prefill_valid if j == 0 else None
@@ -723,12 +733,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-def _mask(valid: torch.Tensor | None, B: int, q: int, cols: int, device) -> torch.Tensor:
+def _mask(valid: torch.Tensor | None, B: int, q: int, cols: int, device, tree: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, 1, q, cols]`` bool: query i (cache column cols - q + i) sees the columns
-    up to its own that hold real tokens of its row."""
+    up to its own that hold real tokens of its row; with ``tree [B, q, q]``, among the q new
+    columns only the ones ``tree`` allows (its ancestors and itself)."""
     col = torch.arange(cols, device=device)
     qpos = cols - q + torch.arange(q, device=device)
     causal = col[None, :] <= qpos[:, None]  # [q, cols]
-    if valid is None:
-        return causal[None, None].expand(B, 1, q, cols)
-    return causal[None, None] & valid[:, None, None, :cols]
+    if tree is None:
+        mask = causal[None, None].expand(B, 1, q, cols)
+    else:
+        mask = causal[None].expand(B, q, cols).clone()
+        mask[:, :, cols - q :] = tree
+        mask = mask[:, None]
+    return mask if valid is None else mask & valid[:, None, None, :cols]

@@ -81,7 +81,7 @@ class HiddenCapture:
             if i < n:
                 self.handles.append(layers[i].register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
             else:
-                norm = _final_norm(model)
+                norm = final_norm(model)
                 self.handles.append(norm.register_forward_hook(self._post_hook(i)))
 
     def _pre_hook(self, i):
@@ -102,7 +102,8 @@ class HiddenCapture:
         self.handles = []
 
 
-def _final_norm(model: nn.Module) -> nn.Module:
+def final_norm(model: nn.Module) -> nn.Module:
+    """The final norm module of ``model`` (applied after the last block, before the lm_head)."""
     path, _ = decoder_layers(model)
     owner = model
     for attr in path[:-1]:

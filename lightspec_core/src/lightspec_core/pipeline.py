@@ -137,7 +137,8 @@ def bind(name: str, strategy, verifier, budget, sinks: list) -> BoundStrategy:
         impl = getattr(owner, hookname, None)
         return impl
 
-    on_stats = [impl.function for impl in reversed(pm.hook.lightspec_on_stats.get_hookimpls())]
+    sink_impls = list(reversed(pm.hook.lightspec_on_stats.get_hookimpls()))
+    on_stats = [impl.function for impl in sink_impls]
     propose = first("lightspec_propose", strategy)
     verify = first("lightspec_verify", verifier)
     budget_fn = first("lightspec_budget", budget)
@@ -151,8 +152,10 @@ def bind(name: str, strategy, verifier, budget, sinks: list) -> BoundStrategy:
         verify=verify,
         budget=budget_fn,
         sinks=on_stats,
-        components=objects,
+        resets=[obj.reset for obj in objects if callable(getattr(obj, "reset", None))],
         hidden_layers=list(getattr(strategy, "hidden_layers", []) or []),
+        draft_cost_hints=getattr(strategy, "draft_cost_hints", None) if callable(getattr(strategy, "draft_cost_hints", None)) else None,
+        sink_names=[impl.plugin_name for impl in sink_impls],
     )
 
 
@@ -300,8 +303,7 @@ class MTPPipeline:
                     s.new_tokens = len(generated[o.request])
                     s.finish_reason = o.finish_reason
                     s.wall_time_s = time.perf_counter() - t0
-                    for sink in self.bound.sinks:  # sinks hear about finished requests too
-                        sink(event=s)
+                    self.engine.emit(s)  # sinks hear about finished requests too
                 yield o, generated[o.request]
 
     def _collect(self, it, single: bool):

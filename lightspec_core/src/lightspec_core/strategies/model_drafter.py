@@ -21,11 +21,12 @@ from pathlib import Path
 
 import torch
 
+from ..errors import LightSpecError
 from ..hookspecs import hookimpl
 from ..interfaces import DraftProposal, StepContext
-from ..kvcache import BatchedKV, takes_logits_to_keep
-from ..lean_decoder import LeanDecoder, lean_decoder
-from ..model_parts import decoder_layers, early_exit_view, num_layers
+from ..kvcache import KVCache, takes_logits_to_keep
+from ..lean_decoder import LeanDecoder, lean_forward
+from ..model_parts import decoder_layers, early_exit_view, final_norm, num_layers
 from ..sampling import exponential_noise, warp_logits
 
 TOKEN_MAP_FILE = "token_map.json"
@@ -87,7 +88,7 @@ class ModelDrafter:
         self.hot: torch.Tensor | None = None  # [n] the token map's ids, when one applies
         self.cost_hint = 0.1  # set in setup from parameter counts
         self.runner = None  # what draft forwards call: a LeanDecoder or the model itself
-        self.kv: BatchedKV | None = None
+        self.kv: KVCache | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -95,12 +96,10 @@ class ModelDrafter:
         """Load the draft model named by the pipeline (``--draft-model``)."""
         if self.model is None:
             if env.draft_model is None:
-                from ..errors import LightSpecError
-
                 raise LightSpecError("strategy 'draft_model' needs a draft model: pass --draft-model PATH (or draft_model=...)")
             self.model = env.load_draft_model()
         # a draft need not round like HF (the target verifies it): the faster inexact forward
-        self.runner = (lean_decoder(self.model, exact=False, fuse=True) if self.lean else None) or self.model
+        self.runner = (lean_forward(self.model, exact=False, fuse=True) if self.lean else None) or self.model
         self.keeps_logits = takes_logits_to_keep(self.runner)
         self._check_vocab(env)
         self._load_token_map(self.model)
@@ -116,8 +115,6 @@ class ModelDrafter:
         path = Path(getattr(model, "name_or_path", "") or "") / TOKEN_MAP_FILE if spec == "auto" else Path(spec)
         if spec == "auto" and not (str(getattr(model, "name_or_path", "")) and path.is_file()):
             return
-        from ..errors import LightSpecError
-
         if not path.is_file():
             raise LightSpecError(f"token_map={spec!r}: no such file (use 'auto', 'none' or a token map JSON file)")
         if not isinstance(self.runner, LeanDecoder):
@@ -135,8 +132,6 @@ class ModelDrafter:
         dv = drafter.get_output_embeddings().weight.shape[0]
         tv = env.target.get_output_embeddings().weight.shape[0]
         if dv < len(env.tokenizer) or tv < len(env.tokenizer):
-            from ..errors import LightSpecError
-
             raise LightSpecError(
                 f"draft model vocabulary ({dv}) does not cover the target tokenizer ({len(env.tokenizer)} tokens): "
                 "the draft model must share the target's tokenizer"
@@ -237,9 +232,9 @@ class ModelDrafter:
         if ctx.prefix is not None:
             pl = ctx.prefix_lengths.tolist()
             pre = ctx.prefix.tolist()
-            contexts = [seq + pre[b][: pl[b]] for b, seq in enumerate(contexts)]
+            contexts = [tuple(seq) + tuple(pre[b][: pl[b]]) for b, seq in enumerate(contexts)]
         if self.kv is None:
-            self.kv = BatchedKV(self.runner, B, ctx.device, capacity=max(len(s) for s in contexts) + 64)
+            self.kv = KVCache(self.runner, B, ctx.device, capacity=max(len(s) for s in contexts) + 64)
             if self.hot is not None:  # the frequent tokens plus every token of these requests
                 mine = torch.tensor([t for seq in contexts for t in seq], dtype=torch.long)
                 self.runner.restrict_vocab(torch.unique(torch.cat([self.hot, mine])))
@@ -331,7 +326,7 @@ class LayerSkipDrafter(ModelDrafter):
         self.layers = n
         self.model = early_exit_view(self.target, n)
         # the target's own blocks: not fused (that would copy the target's weights)
-        self.runner = (lean_decoder(self.target, n, exact=False) if self.lean else None) or self.model
+        self.runner = (lean_forward(self.target, n, exact=False) if self.lean else None) or self.model
         self.keeps_logits = takes_logits_to_keep(self.runner)
         blocks = decoder_layers(self.target)[1]
         block_params = [_params(b) for b in blocks]
@@ -342,7 +337,7 @@ class LayerSkipDrafter(ModelDrafter):
         # The draft's blocks are the target's first L blocks, so their keys and values for the
         # committed tokens are already in the target's cache: when far behind (the first draft
         # of a request), copy them instead of recomputing a prefill.
-        target_kv = ctx.extras.get("target_kv")
+        target_kv = ctx.runner.kv if ctx.runner is not None else None
         behind = max(len(s) - (self.base[b] if self.kv is not None and b < len(self.base) else 0)
                      for b, s in enumerate(ctx.sequences))
         # (only between caches of the same layout: the target's and this runner's, see kvcache)
@@ -351,9 +346,9 @@ class LayerSkipDrafter(ModelDrafter):
             self._seed_from(target_kv, ctx)
         return super()._sync(ctx)
 
-    def _seed_from(self, target_kv: BatchedKV, ctx: StepContext) -> None:
+    def _seed_from(self, target_kv: KVCache, ctx: StepContext) -> None:
         """Copy the target's cache of blocks [0, L) — all committed tokens but the newest."""
-        kv = BatchedKV(self.runner, ctx.batch, ctx.device, capacity=target_kv.cache.capacity, per_row=target_kv.per_row)
+        kv = KVCache(self.runner, ctx.batch, ctx.device, capacity=target_kv.cache.capacity, per_row=target_kv.per_row)
         kv.copy_from(target_kv, self.layers)
         self.kv = kv
         self.fed = [list(seq[:-1]) for seq in ctx.sequences]
@@ -375,9 +370,7 @@ def choose_exit_layer(model, tokens: list[int], k: int = 4) -> int:
     out = model(input_ids=ids, output_hidden_states=True)
     full = out.logits.argmax(-1)
     head = model.get_output_embeddings()
-    from ..model_parts import _final_norm
-
-    norm = _final_norm(model)
+    norm = final_norm(model)
     best, best_score = 1, -1.0
     for L in range(1, n):
         agree = float((head(norm(out.hidden_states[L])).argmax(-1) == full).float().mean())

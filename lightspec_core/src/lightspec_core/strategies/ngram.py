@@ -27,6 +27,9 @@ last step, so a lookup costs O(max_ngram) dict probes regardless of context leng
 
 from __future__ import annotations
 
+import math
+from typing import Sequence
+
 import torch
 
 from ..hookspecs import hookimpl
@@ -92,6 +95,7 @@ class NgramDrafter:
     def lightspec_propose(self, ctx: StepContext) -> DraftProposal | None:
         B = ctx.batch
         drafts: list[list[int]] = []
+        classes: list[int] = []  # each row's match class (1 for rows without a match)
         # a cascade's earlier drafts, as Python lists (one device sync for the batch)
         prefixes = ([p[:n] for p, n in zip(ctx.prefix.tolist(), ctx.prefix_lengths.tolist())]
                     if ctx.prefix is not None else [[]] * B)
@@ -102,9 +106,10 @@ class NgramDrafter:
                 limit = min(ctx.max_draft_list[b], self.max_draft)
             else:  # the free limit counts the whole draft, a cascade's prefix included
                 limit = min(max(ctx.max_draft_list[b], free[b] - len(prefixes[b])), self.max_draft)
-            seq = ctx.sequences[b] + prefixes[b] if prefixes[b] else ctx.sequences[b]
+            seq = tuple(ctx.sequences[b]) + tuple(prefixes[b]) if prefixes[b] else ctx.sequences[b]
             if limit <= 0:
                 drafts.append([])
+                classes.append(1)
                 continue
             rid = ctx.row_ids[b]
             index = self.indexes.get(rid)
@@ -116,12 +121,19 @@ class NgramDrafter:
             if draft:
                 self.pending[rid] = (n, len(draft))
             drafts.append(draft)
+            classes.append(n or 1)
         k = max(len(d) for d in drafts)
         if k == 0:
             return None
         tokens = torch.tensor([d + [0] * (k - len(d)) for d in drafts], dtype=torch.long, device=ctx.device)
         lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=ctx.device)
-        return DraftProposal(tokens=tokens, lengths=lengths, source=self.name)
+        # confidence: the estimated chance that the target accepts each node given the ones
+        # before; entropy: that estimate's binary entropy (a lookup has no distribution of its own)
+        conf = [[self.acceptance(c, j) if not ctx.deterministic else (0.7 if c >= 2 else 0.4) for j in range(k)]
+                for c in classes]
+        ent = [[-(a * math.log(a) + (1 - a) * math.log(1 - a)) for a in row] for row in conf]
+        return DraftProposal(tokens=tokens, lengths=lengths, source=self.name,
+                             confidence=torch.tensor(conf, device=ctx.device), entropy=torch.tensor(ent, device=ctx.device))
 
     @hookimpl
     def lightspec_on_stats(self, event) -> None:
@@ -151,7 +163,7 @@ class _RowIndex:
         self.maps = {n: {} for n in range(min_n, max_n + 1)}
         self.indexed = 0  # n-grams ending before this position are in the maps
 
-    def lookup(self, seq: list[int], limit: int, committed: int) -> tuple[int, list[int]]:
+    def lookup(self, seq: Sequence[int], limit: int, committed: int) -> tuple[int, list[int]]:
         """Draft up to ``limit`` tokens after ``seq``; only its first ``committed`` tokens
         (the ones the target accepted) are added to the index.  Returns (the match's class,
         from the n-gram found extended backwards up to ``MAX_EXTEND`` tokens, the draft),
@@ -173,5 +185,5 @@ class _RowIndex:
                 length = n  # how far back the context agrees with this occurrence
                 while length < MAX_EXTEND and pos - length - 1 >= 0 and seq[pos - length - 1] == seq[L - length - 1]:
                     length += 1
-                return match_class(length), seq[pos : pos + limit]
+                return match_class(length), list(seq[pos : pos + limit])
         return 0, []

@@ -1,0 +1,458 @@
+"""The engine's state and checks, so that ``Engine.step`` reads as the design's stages.
+
+* ``Row`` / ``Batch``: the requests being decoded, their generators, stop rules and the
+  target hidden states waiting for the strategy's next ``propose``;
+* ``check_proposal`` / ``check_result``: a drafter's and a verifier's output against their
+  contracts (anything else makes that step decode plainly);
+* ``FailureLog``: failures of components, reported once with a count, with back-off;
+* ``Profiler``: a step's stage times (one object, no timestamps in the step's logic).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .interfaces import DraftProposal, RowHistory, SparseProbs, StepContext, VerifyResult
+from .sampling import SamplingParams
+
+log = logging.getLogger("lightspec.engine")
+
+HISTORY_DECAY = 0.9
+# a drafter claiming that it drew a token of smaller probability than this is not believed
+# (its p/q ratio would accept nearly anything): that row decodes plainly
+MIN_DRAFT_PROB = 1e-9
+MAX_PENDING_HIDDEN = 1024  # target states kept per row for a strategy that has not proposed for a while
+
+
+@dataclass
+class StepOutput:
+    """What one step emitted for one request."""
+
+    request: int
+    tokens: list[int]
+    finish_reason: str | None
+
+
+def position_seed(base: int, position: int, stream: int) -> int:
+    """A 63-bit seed for (request seed, sequence position, stream): 0 verify, 1 draft."""
+    x = (base * 6364136223846793005 + position * 1442695040888963407 + stream * 0x9E3779B97F4A7C15) % (1 << 64)
+    x ^= x >> 31
+    return x % (1 << 63)
+
+
+@dataclass
+class Row:
+    """One request being decoded: its tokens (prompt + generated), limits and generators."""
+
+    request: int
+    tokens: list[int]
+    prompt_len: int
+    max_new: int
+    stop: list[str]
+    seed: int
+    verify_gen: torch.Generator
+    draft_gen: torch.Generator
+    generated: int = 0
+    finish_reason: str | None = None
+    history: RowHistory = field(default_factory=RowHistory)
+
+    def room(self) -> int:
+        """Tokens this row may still emit."""
+        return self.max_new - self.generated
+
+
+class Batch:
+    """The rows of one generation and the bookkeeping of the running batch."""
+
+    def __init__(self, rows: list[Row], sampling: SamplingParams, deterministic: bool):
+        self.rows = rows
+        self.active = list(range(len(rows)))  # indices into rows of the rows still decoding
+        self._active_rows = list(rows)
+        self.sampling, self.deterministic = sampling, deterministic
+        self.step = 0
+        self.limits: list[int] = []  # this step's draft limit per active row
+        # target hidden states not yet handed to the strategy: (states {layer: [B, n, H]},
+        # lengths [B], first positions [B]) per forward since its last propose
+        self.pending: list[tuple[dict[int, torch.Tensor], list[int], list[int]]] = []
+
+    def active_rows(self) -> list[Row]:
+        return self._active_rows
+
+    def last_tokens(self) -> list[int]:
+        return [r.tokens[-1] for r in self._active_rows]
+
+    def seed_generators(self, stream: int | None) -> None:
+        """Re-seed the active rows' generators from (request seed, current length): stream 0
+        the verifier's only, None both."""
+        for r in self._active_rows:
+            n = len(r.tokens)
+            r.verify_gen.manual_seed(position_seed(r.seed, n, 0))
+            if stream is None:
+                r.draft_gen.manual_seed(position_seed(r.seed, n, 1))
+
+    def emit(self, row: Row, new: list[int], eos_ids: set[int], tokenizer) -> StepOutput:
+        """Append ``new`` tokens to ``row`` up to the first stop; return what was kept."""
+        kept = []
+        for t in new:
+            row.tokens.append(t)
+            row.generated += 1
+            kept.append(t)
+            if t in eos_ids:
+                row.finish_reason = "stop"
+                break
+            if row.stop and _hits_stop(row, tokenizer):
+                row.finish_reason = "stop"
+                break
+            if row.generated >= row.max_new:
+                row.finish_reason = "length"
+                break
+        return StepOutput(row.request, kept, row.finish_reason)
+
+    def learn(self, nodes: list[list[int]] | None, accepted: list[int]) -> None:
+        """Update each active row's acceptance history with this step's verify."""
+        for i, r in enumerate(self._active_rows):
+            d = len(nodes[i]) if nodes is not None else 0
+            a = accepted[i]
+            h = r.history
+            h.accepted = h.accepted * HISTORY_DECAY + a
+            h.rejected = h.rejected * HISTORY_DECAY + (1 if a < d else 0)
+            h.drafted += d
+            h.accepted_total += a
+            h.steps += 1
+
+    # -- target hidden states for the strategy ---------------------------------------------
+
+    def add_hidden(self, out, slots: list[list[int]], first_positions: list[int]) -> None:
+        """Keep the hidden states of the committed slots (``slots[b]`` of row b, whose first
+        token is at sequence position ``first_positions[b]``) of the forward ``out``, for
+        the strategy's next ``propose``.  Nothing is kept when no layer was captured."""
+        if not out._states:
+            return
+        M = max(len(s) for s in slots)
+        if all(s == list(range(len(s))) for s in slots):  # prefixes (chains): a slice, no gather
+            states = {i: h[:, :M] for i, h in out._states.items()}
+        else:
+            index = torch.tensor([s + [0] * (M - len(s)) for s in slots], device=next(iter(out._states.values())).device)
+            states = {i: h.gather(1, index[:, :, None].expand(-1, -1, h.shape[-1])) for i, h in out._states.items()}
+        self.pending.append((states, [len(s) for s in slots], list(first_positions)))
+        if sum(max(n) for _, n, _ in self.pending) > MAX_PENDING_HIDDEN:
+            self.pending = [_join(self.pending, keep_last=MAX_PENDING_HIDDEN)]
+
+    def hand_over_hidden(self, ctx: StepContext) -> None:
+        """Put the pending states into ``ctx`` (``hidden_states``, ``hidden_positions``,
+        ``hidden_lengths``)."""
+        if not self.pending:
+            return
+        if len(self.pending) > 1:
+            self.pending = [_join(self.pending)]
+        states, lengths, positions = self.pending[0]
+        dev = ctx.device
+        ctx.hidden_states = states
+        ctx.hidden_lengths = torch.tensor(lengths, dtype=torch.long, device=dev)
+        ctx.hidden_positions = torch.tensor(positions, dtype=torch.long, device=dev)
+
+    def hidden_seen(self) -> None:
+        """The strategy has taken the pending states (its ``propose`` returned)."""
+        self.pending = []
+
+    def drop_finished(self) -> list[int] | None:
+        """Drop finished rows; return the positions (in the old active list) of the rows
+        kept, or None when none finished."""
+        still = [i for i, b in enumerate(self.active) if self.rows[b].finish_reason is None]
+        if len(still) == len(self.active):
+            return None
+        self.active = [self.active[i] for i in still]
+        self._active_rows = [self.rows[b] for b in self.active]
+        if self.pending and still:
+            index = torch.tensor(still)
+            self.pending = [({k: v.index_select(0, index.to(v.device)) for k, v in s.items()},
+                             [n[i] for i in still], [p[i] for i in still]) for s, n, p in self.pending]
+        return still if still else None
+
+
+def _join(chunks, keep_last: int | None = None):
+    """Several pending chunks as one: per row, the states of all chunks in order (the last
+    ``keep_last`` per row at most)."""
+    rows = len(chunks[0][1])
+    layers = list(chunks[0][0])
+    per_row = []
+    for b in range(rows):
+        parts = {i: torch.cat([s[i][b, : n[b]] for s, n, _ in chunks]) for i in layers}
+        total = sum(n[b] for _, n, _ in chunks)
+        start = chunks[0][2][b]
+        if keep_last is not None and total > keep_last:
+            parts = {i: t[-keep_last:] for i, t in parts.items()}
+            start += total - keep_last
+            total = keep_last
+        per_row.append((parts, total, start))
+    M = max(t for _, t, _ in per_row)
+    states = {}
+    for i in layers:
+        ref = chunks[0][0][i]
+        out = ref.new_zeros(rows, M, ref.shape[-1])
+        for b, (parts, total, _) in enumerate(per_row):
+            out[b, :total] = parts[i]
+        states[i] = out
+    return states, [t for _, t, _ in per_row], [s for _, _, s in per_row]
+
+
+def _hits_stop(row: Row, tokenizer) -> bool:
+    width = max(len(s) for s in row.stop) + 2
+    tail = row.tokens[max(row.prompt_len, len(row.tokens) - width):]
+    text = tokenizer.decode(tail, skip_special_tokens=True)
+    return any(s in text for s in row.stop)
+
+
+# -- contracts ------------------------------------------------------------------------------
+
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def check_proposal(p: DraftProposal, limits: list[int], vocab: int, sampling: SamplingParams, runner
+                   ) -> tuple[DraftProposal, list[str]]:
+    """Validate a proposal against the contract (``DraftProposal``); return it (padding
+    zeroed, chains given as explicit parents turned into ``parents=None``, and rows whose
+    sampling probabilities cannot be trusted dropped to length 0) and the problems found
+    with single rows.  Raises ValueError/TypeError when the proposal as a whole breaks it."""
+    if not isinstance(p, DraftProposal):
+        raise TypeError(f"propose returned a {type(p).__name__}, expected a DraftProposal or None")
+    B = len(limits)
+    if p.tokens.shape[0] != B:
+        raise ValueError(f"proposal has {p.tokens.shape[0]} rows, the batch has {B}")
+    for name in ("tokens", "lengths", "parents"):
+        t = getattr(p, name)
+        if t is not None and t.dtype not in INT_DTYPES:
+            raise TypeError(f"proposal {name} have dtype {t.dtype}; token ids, lengths and parents must be integers")
+    if p.tokens.dtype != torch.long:
+        p.tokens = p.tokens.long()
+    if p.lengths.dtype != torch.long:
+        p.lengths = p.lengths.long()
+    N = p.max_len
+    if N == 0:
+        return p, []
+    p.forget_rows()
+    lens, toks = p.lengths.tolist(), p.tokens.tolist()
+    pars = p.parents.tolist() if p.parents is not None else None
+    padded, chain = False, True
+    for b, (n, m, row) in enumerate(zip(lens, limits, toks)):
+        if n < 0 or n > m or n > N:
+            raise ValueError(f"proposal row {b} has length {n}, allowed 0..{min(m, N)}")
+        if any(t < 0 or t >= vocab for t in row[:n]):
+            raise ValueError(f"proposal row {b} has token ids outside [0, {vocab}): {[t for t in row[:n] if not 0 <= t < vocab][:3]}")
+        padded = padded or any(row[n:])
+        if pars is not None:
+            par = pars[b][:n]
+            for j, q in enumerate(par):
+                if not -1 <= q < j:
+                    raise ValueError(f"proposal row {b} node {j} has parent {q}; allowed -1 (the last token) or 0..{j - 1}")
+            chain = chain and par == list(range(-1, n - 1))
+    if padded:  # zero what lies beyond each row's length
+        real = torch.arange(N, device=p.tokens.device)[None, :] < p.lengths[:, None]
+        p.tokens = torch.where(real, p.tokens, 0)
+    if pars is not None:
+        if chain:
+            p.parents = None
+        elif not runner.supports_trees():
+            raise ValueError(f"a token tree was proposed, but this target ({runner.model_type}) does not take the "
+                             f"custom attention masks trees need: propose chains (parents=None)")
+        else:
+            p.parents = p.parents.long()
+    for name in ("confidence", "entropy"):
+        t = getattr(p, name)
+        if t is not None and (not isinstance(t, torch.Tensor) or t.shape != p.tokens.shape):
+            raise ValueError(f"proposal {name} must be [B, N]={tuple(p.tokens.shape)} or None")
+    problems = [] if sampling.greedy or p.probs is None else _untrusted_rows(p, lens, vocab)
+    return p, problems
+
+
+def _untrusted_rows(p: DraftProposal, lens: list[int], vocab: int) -> list[str]:
+    """Rows whose draft probabilities cannot be used for rejection sampling (non-finite or
+    negative values, a proposed token of probability below ``MIN_DRAFT_PROB``, rows that do
+    not sum to 1): their length is set to 0 (they decode plainly this step)."""
+    probs = p.probs
+    if isinstance(probs, SparseProbs):
+        if probs.ids.shape[:2] != p.tokens.shape:
+            raise ValueError(f"proposal sparse probs must be [B, N, k] with [B, N]={tuple(p.tokens.shape)}")
+        values, at_token = probs.probs.float(), probs.of_tokens(p.tokens)
+        bad_ids = ((probs.ids < 0) | (probs.ids >= vocab)).any(-1)
+        total_ok = values.sum(-1) <= 1.0 + 1e-3
+    else:
+        if not isinstance(probs, torch.Tensor) or probs.dim() != 3 or probs.shape[:2] != p.tokens.shape:
+            raise ValueError(f"proposal probs must be [B, N, V] with [B, N]={tuple(p.tokens.shape)}, a SparseProbs or None")
+        if probs.shape[-1] != vocab:
+            raise ValueError(f"proposal probs have vocabulary {probs.shape[-1]}, the target has {vocab}")
+        values = probs.float()
+        at_token = values.gather(2, p.tokens[:, :, None]).squeeze(2)
+        bad_ids = torch.zeros(p.tokens.shape, dtype=torch.bool, device=values.device)
+        total_ok = (values.sum(-1) - 1.0).abs() <= 1e-3
+    finite = torch.isfinite(values).all(-1) & (values >= 0).all(-1)
+    ok = finite & ~bad_ids & total_ok & (at_token >= MIN_DRAFT_PROB)
+    real = torch.arange(p.max_len, device=ok.device)[None, :] < p.lengths[:, None]
+    row_ok = (ok | ~real).all(-1).tolist()
+    if all(row_ok):
+        return []
+    problems = []
+    for b, good in enumerate(row_ok):
+        if not good:
+            j = int((~ok[b] & real[b]).nonzero()[0])
+            problems.append(f"row {b} node {j}: draft probability of the proposed token "
+                            f"{float(at_token[b, j]):.3g} (values must be finite, >= 0, sum to 1, and >= "
+                            f"{MIN_DRAFT_PROB:g} at the proposed token)")
+    keep = torch.tensor(row_ok, device=p.lengths.device)
+    p.lengths = torch.where(keep, p.lengths, 0)
+    p.forget_rows()
+    return problems
+
+
+def check_result(result: VerifyResult, p: DraftProposal, vocab: int
+                 ) -> tuple[list[int], list[list[int]], list[list[int]] | None]:
+    """A verifier's result as (accepted, emitted, paths) lists, checked against the
+    proposal: counts within each row's draft, emitted tokens = the kept nodes' tokens then
+    one token in [0, vocab), a tree's path a chain of parent links from the root."""
+    if not isinstance(result, VerifyResult):
+        raise TypeError(f"verify returned a {type(result).__name__}, expected a VerifyResult")
+    accepted, emitted, paths = result.as_lists()
+    nodes, parents = p.node_rows(), p.parent_rows()
+    if len(accepted) != len(nodes) or len(emitted) != len(nodes):
+        raise ValueError(f"verify result has {len(accepted)} rows, the batch has {len(nodes)}")
+    if parents is not None and paths is None:
+        raise ValueError("verify result for a token tree has no path (VerifyResult.path)")
+    for b, (a, e, row) in enumerate(zip(accepted, emitted, nodes)):
+        if not 0 <= a <= len(row) or len(e) != a + 1:
+            raise ValueError(f"verify result row {b} accepts {a} of {len(row)} nodes with {len(e)} tokens emitted")
+        kept = paths[b] if paths is not None else list(range(a))
+        if parents is not None:
+            prev = -1
+            for i in kept:
+                if not (0 <= i < len(row)) or parents[b][i] != prev:
+                    raise ValueError(f"verify result row {b}: path {kept} does not follow the tree's parent links")
+                prev = i
+        if any(e[j] != row[i] for j, i in enumerate(kept)) or not 0 <= e[a] < vocab:
+            raise ValueError(f"verify result row {b}: emitted tokens {e} do not match the kept nodes")
+    return accepted, emitted, paths
+
+
+# -- failures and timing ---------------------------------------------------------------------
+
+
+class FailureLog:
+    """Failures of a generation's components: the first of each stage is logged as a
+    warning, later ones are counted (debug log) and summed up once when the generation ends.
+    Consecutive drafting failures back off: after the n-th in a row, the next 2^(n-1) - 1
+    steps (at most 63) decode plainly without asking the strategy."""
+
+    def __init__(self, strategy: str, sink_names: list[str]):
+        self.strategy, self.sink_names = strategy, sink_names
+        self.start()
+
+    def start(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.first: dict[str, str] = {}
+        self.streak = 0
+        self.skip = 0
+        self.last: tuple[int, str] | None = None
+        self.sink_skip: dict[int, int] = {}
+        self.sink_streak: dict[int, int] = {}
+
+    def record(self, stage: str, exc: BaseException | str, step: int) -> None:
+        msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
+        msg = f"{stage} failed: {msg}"
+        self.counts[stage] = self.counts.get(stage, 0) + 1
+        self.last = (step, msg)
+        if stage not in self.first:
+            self.first[stage] = msg
+            log.warning("strategy %r %s; that step decodes plainly (further failures are counted and reported "
+                        "when the generation ends)", self.strategy, msg)
+        else:
+            log.debug("strategy %r %s", self.strategy, msg)
+        if stage in ("propose", "budget"):
+            self.streak += 1
+            self.skip = min(2 ** (self.streak - 1) - 1, 63)
+
+    def succeeded(self, stage: str) -> None:
+        if stage == "propose":
+            self.streak = 0
+
+    def backing_off(self) -> bool:
+        """Whether this step skips drafting because the strategy keeps failing."""
+        if self.skip > 0:
+            self.skip -= 1
+            return True
+        return False
+
+    def step_failure(self, step: int) -> str | None:
+        return self.last[1] if self.last is not None and self.last[0] == step else None
+
+    def record_sink(self, i: int, exc: BaseException) -> None:
+        name = self.sink_names[i] if i < len(self.sink_names) else f"sink {i}"
+        key = f"sink {name}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if key not in self.first:
+            self.first[key] = f"{type(exc).__name__}: {exc}"
+            log.warning("statistics sink %s failed: %s; the generation goes on without it for a while (failures "
+                        "are counted and reported when the generation ends)", name, self.first[key])
+        n = self.sink_streak[i] = self.sink_streak.get(i, 0) + 1
+        self.sink_skip[i] = min(2 ** (n - 1) - 1, 63)
+
+    def sink_disabled(self, i: int) -> bool:
+        left = self.sink_skip.get(i, 0)
+        if left > 0:
+            self.sink_skip[i] = left - 1
+            return True
+        return False
+
+    def finish(self) -> None:
+        """Report what failed more than once in this generation, once."""
+        for key, n in self.counts.items():
+            if n > 1:
+                what = key if key.startswith("sink") else f"strategy {self.strategy!r} {key}"
+                log.warning("%s failed %d times in this generation (first: %s); those steps decoded plainly and "
+                            "the output is unaffected", what, n, self.first[key])
+
+
+class Profiler:
+    """A step's wall time by stage (``lap(name)`` closes the stage that started at the last
+    lap), and its device time on CUDA."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.laps: dict[str, float] = {}
+
+    def start(self) -> "Profiler":
+        self.t0 = self.last = time.perf_counter()
+        self.laps = {}
+        if self.cuda:
+            self.ev0, self.ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.ev0.record()
+        return self
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = now - self.last
+        self.last = now
+
+    def total(self) -> float:
+        return self.last - self.t0 if self.laps else time.perf_counter() - self.t0
+
+    def stages(self, head_s: float = 0.0) -> dict[str, float]:
+        """The stage times; ``head_s``, the lm_head applied lazily during ``verify``, counts as
+        the target's forward."""
+        out = dict(self.laps)
+        if head_s:
+            out["verify_forward"] = out.get("verify_forward", 0.0) + head_s
+            out["verify"] = max(0.0, out.get("verify", 0.0) - head_s)
+        return out
+
+    def device_seconds(self) -> float | None:
+        if not self.cuda:
+            return None
+        self.ev1.record()
+        self.ev1.synchronize()
+        return self.ev0.elapsed_time(self.ev1) / 1000
+
+
+__all__ = ["Batch", "FailureLog", "Profiler", "Row", "StepOutput", "check_proposal", "check_result", "position_seed"]
