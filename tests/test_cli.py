@@ -36,6 +36,14 @@ def model_dir(tmp_path_factory):
         (["bench", "--suite", "default", "--repeat", "0"], "--repeat 0 is invalid"),
         (["bench", "--suite", "default", "--batch-repeat", "0"], "--batch-repeat 0 is invalid"),
         (["bench", "--suite", "default", "--interleave", "token"], "--interleave 'token' is invalid; allowed: step, batch"),
+        (["bench", "--suite", "default", "--limit", "0"], "--limit 0 is invalid: use an integer >= 1"),
+        (["bench", "--suite", "default", "--limit", "-1"], "--limit -1 is invalid: use an integer >= 1"),
+        (["run", "--threads", "0"], "--threads 0 is invalid: use an integer >= 1"),
+        (["run", "--temperature", "1e-39"], "temperature=1e-39 is too small"),
+        (["run", "--stop", ""], "--stop '' is invalid"),
+        (["run", "--max-new-tokens", "100000"], "max_new_tokens=100000 is invalid: use an integer in 1..2048"),
+        (["run", "--eos-token-id", "96"], "eos_token_id 96 is outside this model's vocabulary: allowed ids are [0, 96)"),
+        (["run", "--max-new-tokens", "x"], "Invalid value for '--max-new-tokens': 'x' is not a valid integer"),
     ],
 )
 def test_cli_errors_are_one_line(args, needle, capsys, model_dir):
@@ -50,7 +58,7 @@ def test_cli_errors_are_one_line(args, needle, capsys, model_dir):
     assert rc != 0
     lines = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and needle in lines[0], err
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "Usage:" not in err
 
 
 def test_cli_debug_shows_the_traceback(model_dir):
@@ -59,6 +67,16 @@ def test_cli_debug_shows_the_traceback(model_dir):
         capture_output=True, text=True,
     )
     assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_cli_bad_input_exits_2_with_one_stderr_line(model_dir, tmp_path):
+    """The real entry point in a subprocess: exit code 2, exactly one stderr line."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightspec_core.cli", "bench", "--model", model_dir, "--suite", "default", "--limit", "0"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == ["error: --limit 0 is invalid: use an integer >= 1 (leave it out for all prompts)"]
 
 
 def test_cli_missing_prompts_file(capsys, model_dir):

@@ -347,9 +347,11 @@ def test_warp_logits_matches_hf(temperature, top_k, top_p, min_p, ties):
 
 def test_sampling_params_validation():
     for bad in (dict(temperature=-1), dict(top_k=-1), dict(top_p=0.0), dict(top_p=1.5), dict(min_p=1.0),
-                dict(seed="x"), dict(temperature=float("nan"))):
+                dict(temperature=float("nan"))):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
+    with pytest.raises(TypeError):  # a value of the wrong type: InvalidTypeError
+        SamplingParams(seed="x")
     assert SamplingParams().greedy and not SamplingParams(temperature=0.5).greedy
 
 

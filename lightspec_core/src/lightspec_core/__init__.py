@@ -3,7 +3,7 @@
 Only the torch-free pieces are imported eagerly, so ``lightspec --help`` stays fast.
 """
 
-from .errors import ConfigError, LightSpecError, PluginError
+from .errors import ConfigError, InvalidTypeError, InvalidValueError, LightSpecError, PluginError
 from .hookspecs import hookimpl
 
 __version__ = "0.1.0"
@@ -41,9 +41,10 @@ _LAZY = {
     "sample_inverse_cdf": "sampling",
     "row_uniforms": "sampling",
     "get_registry": "plugins",
+    "context_length": "limits",
 }
 
-__all__ = ["hookimpl", "LightSpecError", "ConfigError", "PluginError", *_LAZY]
+__all__ = ["hookimpl", "LightSpecError", "InvalidValueError", "InvalidTypeError", "ConfigError", "PluginError", *_LAZY]
 
 
 def __getattr__(name):

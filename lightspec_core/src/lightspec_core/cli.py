@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from .errors import LightSpecError
+from .errors import InvalidValueError, LightSpecError
 
 
 class _Group(click.Group):
@@ -73,32 +73,68 @@ def _sampling_options(f):
 
 def read_prompts(prompt: tuple[str, ...], prompts_file: str | None) -> list[str]:
     """Prompts from ``--prompt`` (repeatable) and/or a file: JSONL with a "prompt" (or
-    Spec-Bench "turns") field per line, or plain text with one prompt per line."""
-    out = list(prompt)
+    Spec-Bench "turns") field per line, or plain text with one prompt per line.
+
+    The file must be UTF-8 (a leading byte-order mark is dropped); lines end at "\\n"
+    (a "\\r" before it is dropped).  Bad bytes, bad JSON and ``--prompt`` text that is not
+    UTF-8 (on Linux, undecodable argv bytes arrive as surrogate escapes) raise
+    ``InvalidValueError`` naming the file and line, or the prompt."""
+    out = []
+    for p in prompt:
+        check_utf8_argument("--prompt", p)
+        out.append(p)
     if prompts_file:
-        try:
-            text = open(prompts_file, encoding="utf-8").read()
-        except OSError as exc:
-            raise LightSpecError(f"cannot read prompts file {prompts_file!r}: {exc.strerror}") from None
+        lines = _read_utf8_lines(prompts_file)
         if prompts_file.endswith((".jsonl", ".json")):
-            for i, line in enumerate(text.splitlines(), 1):
+            for i, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 try:
                     rec = json.loads(line)
-                except json.JSONDecodeError:
-                    raise LightSpecError(f"{prompts_file}:{i}: not valid JSON") from None
+                except json.JSONDecodeError as exc:
+                    raise InvalidValueError(f"{prompts_file}:{i}: not valid JSON ({exc.msg} at column {exc.colno})") from None
                 if isinstance(rec, dict) and isinstance(rec.get("prompt"), str):
                     out.append(rec["prompt"])
-                elif isinstance(rec, dict) and isinstance(rec.get("turns"), list) and rec["turns"]:
-                    out.append(str(rec["turns"][0]))
+                elif isinstance(rec, dict) and isinstance(rec.get("turns"), list) and rec["turns"] \
+                        and isinstance(rec["turns"][0], str):
+                    out.append(rec["turns"][0])
                 else:
-                    raise LightSpecError(f"{prompts_file}:{i}: expected an object with a string 'prompt' (or 'turns')")
+                    raise InvalidValueError(f"{prompts_file}:{i}: expected an object with a string 'prompt' "
+                                            "(or a list of strings 'turns')")
         else:
-            out.extend(line for line in text.splitlines() if line.strip())
+            out.extend(line for line in lines if line.strip())
     if not out:
-        raise LightSpecError("no prompt given: use --prompt TEXT or --prompts-file FILE")
+        raise InvalidValueError("no prompt given: use --prompt TEXT or --prompts-file FILE")
     return out
+
+
+def check_utf8_argument(option: str, value: str) -> None:
+    """Refuse command-line text that was not UTF-8: Python hands undecodable argv bytes
+    over as surrogate escapes (U+DC80..U+DCFF), which no tokenizer can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        code = ord(value[exc.start])
+        what = f"byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"lone surrogate U+{code:04X}"
+        raise InvalidValueError(f"{option} {value!r} is not valid UTF-8 text ({what} at character {exc.start + 1}): "
+                                "pass UTF-8 text (check the terminal's encoding)") from None
+
+
+def _read_utf8_lines(path: str) -> list[str]:
+    """The lines of a UTF-8 text file (BOM dropped, "\\r\\n" and "\\n" endings)."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        raise InvalidValueError(f"cannot read prompts file {path!r}: {exc.strerror}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line_start = raw.rfind(b"\n", 0, exc.start) + 1
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise InvalidValueError(f"{path}:{line}: not valid UTF-8 (byte 0x{raw[exc.start]:02x} at byte "
+                                f"{exc.start - line_start + 1} of the line): save the file as UTF-8") from None
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 
 def _defaults() -> dict:
@@ -115,6 +151,10 @@ def _defaults() -> dict:
 @click.option("--prompts-file", default=None, help="JSONL ('prompt' per line) or text file (one per line).")
 @click.option("--max-new-tokens", type=int, default=None, help="Tokens to generate per prompt (default 128).")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--eos-token-id", "eos_token_ids", type=int, multiple=True,
+              help="Token id that ends a row (repeatable); replaces the model's EOS ids.")
+@click.option("--ignore-eos", is_flag=True, help="No token id ends a row: generate --max-new-tokens (or up to a --stop).")
+@click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
 @click.option("--budget", default=None, help="Budget policy: dynamic (default) or static.")
 @click.option("--device", default=None, help="cpu, cuda or auto.")
 @click.option("--dtype", default=None, help="float32, bfloat16, float16 or auto.")
@@ -124,22 +164,32 @@ def _defaults() -> dict:
 @click.option("--lean-target/--hf-target", default=True, show_default=True,
               help="Run the target through LightSpec's exact lean forward when it reproduces HF's bit for bit (Llama family); --hf-target forces HF's forward.")
 @_sampling_options
-def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop, budget, device, dtype,
-        stats_out, stream, as_json, lean_target, temperature, top_p, top_k, min_p, seed):
+def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop, eos_token_ids, ignore_eos, threads,
+        budget, device, dtype, stats_out, stream, as_json, lean_target, temperature, top_p, top_k, min_p, seed):
     """Generate text with a speculative-decoding strategy."""
     d = _defaults()
     prompts = read_prompts(prompt, prompts_file)
     if max_new_tokens is None:
-        max_new_tokens = int(d.get("max_new_tokens", 128))
+        max_new_tokens = d.get("max_new_tokens", 128)
     if max_new_tokens < 1:
-        raise LightSpecError(f"--max-new-tokens {max_new_tokens} is invalid: use an integer >= 1")
+        raise InvalidValueError(f"--max-new-tokens {max_new_tokens} is invalid: use an integer >= 1")
+    for s in stop:
+        check_utf8_argument("--stop", s)
+        if not s:
+            raise InvalidValueError("--stop '' is invalid: an empty stop string would stop every row at once; "
+                                    "use a non-empty string")
+    if ignore_eos and eos_token_ids:
+        raise InvalidValueError(f"--eos-token-id {eos_token_ids[0]} with --ignore-eos: give one of them "
+                                "(--ignore-eos means no token id ends a row)")
+    bad_eos = next((t for t in eos_token_ids if t < 0), None)
+    if bad_eos is not None:
+        raise InvalidValueError(f"--eos-token-id {bad_eos} is invalid: use a token id >= 0 (below the vocabulary size)")
+    _set_threads(threads)
     from .pipeline import MTPPipeline
     from .sampling import SamplingParams
 
-    try:  # check the sampling flags before spending time on loading the model
-        SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
-    except ValueError as exc:
-        raise LightSpecError(str(exc)) from None
+    # check the sampling flags before spending time on loading the model
+    SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
 
     if not as_json:
         click.echo("loading model…", err=True)
@@ -155,7 +205,8 @@ def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop
         lean_target=lean_target,
     )
     kwargs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                  min_p=min_p, seed=seed, stop=list(stop))
+                  min_p=min_p, seed=seed, stop=list(stop), ignore_eos=ignore_eos,
+                  eos_token_id=list(eos_token_ids) if eos_token_ids else None)
     if stream and len(prompts) == 1 and not as_json:
         for piece in pipe.generate(prompts[0], stream=True, **kwargs):
             click.echo(piece, nl=False)
@@ -260,12 +311,9 @@ def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_t
     """Compare LightSpec strategies with HF transformers generate on the same prompts."""
     from . import bench as bench_mod
 
-    if threads is not None:
-        if threads < 1:
-            raise LightSpecError(f"--threads {threads} is invalid: use an integer >= 1")
-        import torch
-
-        torch.set_num_threads(threads)
+    if limit is not None and limit < 1:
+        raise InvalidValueError(f"--limit {limit} is invalid: use an integer >= 1 (leave it out for all prompts)")
+    _set_threads(threads)
 
     bench_mod.main(model=model, strategies=list(strategies_), draft_model=draft_model, prompts_file=prompts_file,
                    suite=suite, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -274,27 +322,57 @@ def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_t
                    batch_repeat=batch_repeat, interleave=interleave, control=control)
 
 
+def _set_threads(threads: int | None) -> None:
+    """``--threads N``: torch's CPU threads (N >= 1); ``None`` leaves torch's default."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise InvalidValueError(f"--threads {threads} is invalid: use an integer >= 1")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+# click >= 8.2 raises this for a group called without a command (older click prints the help itself)
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
+
+
 def main(argv=None) -> int:
+    """Run the ``lightspec`` command line; returns the exit code.  Every error is one
+    ``error: ...`` line on stderr, never a traceback unless ``--debug`` is given: 2 for bad
+    input (``LightSpecError`` and click's usage errors, e.g. a non-integer option), 1 for
+    anything unexpected, 130 when interrupted."""
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
         cli.main(args=argv, standalone_mode=False, obj={})
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("aborted", err=True)
         return 130
-    except click.ClickException as exc:
+    except _NO_ARGS_IS_HELP as exc:  # `lightspec` alone: the help text, as click prints it
         exc.show()
+        return exc.exit_code
+    except click.UsageError as exc:
+        where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+        click.echo(f"error: {_one_line(exc.format_message())}{where}", err=True)
+        return exc.exit_code
+    except click.ClickException as exc:
+        click.echo(f"error: {_one_line(exc.format_message())}", err=True)
         return exc.exit_code
     except LightSpecError as exc:
         if debug:
             raise
-        click.echo(f"error: {exc}", err=True)
+        click.echo(f"error: {_one_line(str(exc))}", err=True)
         return 2
     except Exception as exc:  # anything else: one line unless --debug
         if debug:
             raise
-        click.echo(f"error: {type(exc).__name__}: {exc} (run with --debug for the traceback)", err=True)
+        click.echo(f"error: {type(exc).__name__}: {_one_line(str(exc))} (run with --debug for the traceback)", err=True)
         return 1
     return 0
+
+
+def _one_line(message: str) -> str:
+    return " ".join(part.strip() for part in message.splitlines() if part.strip())
 
 
 if __name__ == "__main__":

@@ -15,10 +15,22 @@ from typing import Any, Iterator
 
 import torch
 
+from .arguments import (
+    check_flag,
+    check_max_new_tokens,
+    check_prompt_ids,
+    check_strategy_argument,
+    eos_id_set,
+    prompt_list,
+    short,
+    stop_list,
+    token_id_list,
+)
 from .cpu_norm import use_cpu_norms
 from .engine import BoundStrategy, Engine
-from .errors import LightSpecError
+from .errors import InvalidTypeError, InvalidValueError, LightSpecError
 from .hf_attention import use_cpu_attention
+from .limits import context_length
 from .plugins import get_registry, new_plugin_manager
 from .sampling import SamplingParams
 from .stats import JsonlSink, LogSink, RequestSummary, SummaryCollector
@@ -169,6 +181,7 @@ class MTPPipeline:
         from .composer import build_strategy, load_strategy_file
 
         reg = get_registry()
+        check_strategy_argument(strategy, reg.names("strategy"))
         self.device = resolve_device(device) if device is not None else next(target.parameters()).device
         self.dtype = next(target.parameters()).dtype if dtype is None else resolve_dtype(dtype, self.device)
         self.target = target.to(self.device).eval()
@@ -176,7 +189,8 @@ class MTPPipeline:
         file_budget = None
         if isinstance(strategy, str) and strategy.endswith((".yaml", ".yml")):
             if strategy_options:
-                raise LightSpecError("strategy options cannot be combined with a strategy file; put them in the file")
+                raise InvalidValueError(f"strategy options ({', '.join(sorted(strategy_options))}) cannot be combined "
+                                        f"with a strategy file ({strategy}); put them in the file")
             self.strategy, file_budget = load_strategy_file(strategy, reg)
             self.strategy_name = getattr(self.strategy, "name", Path(strategy).stem)
         elif isinstance(strategy, str):
@@ -207,7 +221,7 @@ class MTPPipeline:
             sinks.append(LogSink(log_interval_s))
         self.bound = bind(self.strategy_name, self.strategy, self.verifier, self.budget, sinks)
         if not isinstance(lean_target, bool):
-            raise LightSpecError(f"lean_target={lean_target!r} is invalid: use True or False")
+            raise InvalidTypeError(f"lean_target={lean_target!r} is invalid: use True or False")
         self.engine = Engine(self.target, tokenizer, self.bound, self.device, lean_target=lean_target)
         gen_cfg = getattr(target, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
@@ -239,47 +253,69 @@ class MTPPipeline:
 
     # ------------------------------------------------------------------------------------
 
-    def _encode(self, prompts) -> list[list[int]]:
+    def _vocab_size(self) -> int:
+        """Rows of the target's lm_head: token ids must lie in ``[0, vocab)``."""
+        head = self.target.get_output_embeddings()
+        if head is not None and getattr(head, "weight", None) is not None:
+            return int(head.weight.shape[0])
+        return int(self.target.config.vocab_size)
+
+    def _encode(self, prompts: list, vocab: int, context: int | None) -> list[list[int]]:
+        """Token ids per prompt (a ``str`` is tokenized); refuses prompts that are no
+        ``str`` or list of int token ids, empty ones, ids outside ``[0, vocab)`` and prompts
+        longer than ``context``, naming the prompt's index (``arguments`` module)."""
         out = []
         for i, p in enumerate(prompts):
             if isinstance(p, str):
-                ids = self.tokenizer(p, add_special_tokens=True)["input_ids"]
-            elif isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p):
-                ids = list(p)
+                ids, source = self.tokenizer(p, add_special_tokens=True)["input_ids"], "tokenizes to"
             else:
-                raise LightSpecError(f"prompt {i} is a {type(p).__name__}: use a string or a list of token ids")
-            if not ids:
-                raise LightSpecError(f"prompt {i} is empty after tokenization")
+                ids, source = token_id_list(i, p), "has"
+            check_prompt_ids(i, ids, vocab, context, source)
             out.append(ids)
         return out
 
     def generate(self, prompts, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, min_p: float = 0.0, seed: int | list | None = None, stop=None,
-                 stream: bool = False, ignore_eos: bool = False):
+                 stream: bool = False, ignore_eos: bool = False, eos_token_id: int | list[int] | None = None):
         """Generate continuations.
 
-        ``prompts``: a string, a list of strings or a list of token-id lists.  Returns a
-        ``GenerationResult`` (for one string) or a list of them; with ``stream=True`` an
-        iterator of text pieces (one string prompt) or of ``(index, text)`` pairs.
+        ``prompts``: a string, a list of strings or a list of token-id lists (ints in
+        ``[0, vocab)``, vocab = the target's lm_head rows).  Returns a ``GenerationResult``
+        (for one string) or a list of them; with ``stream=True`` an iterator of text pieces
+        (one string prompt) or of ``(index, text)`` pairs.
+
+        ``max_new_tokens``: tokens to generate per prompt, 1 .. the model's context length
+        (``limits.context_length``; any integer >= 1 when the config states none).  A
+        prompt longer than the context length is refused before any work.
+        ``temperature``/``top_p``/``top_k``/``min_p``/``seed``: see ``SamplingParams``
+        (``seed`` may also be a list, one per prompt).
+        ``stop``: a non-empty string or a list of them; a row stops once its text contains one.
+        ``eos_token_id``: an id or a list of ids in ``[0, vocab)`` that end a row, replacing
+        the model's own (its generation config's ``eos_token_id``, else the tokenizer's);
+        ``[]`` means none.  ``ignore_eos=True``: no id ends a row, rows run to
+        ``max_new_tokens`` or a stop string (cannot be combined with ``eos_token_id``).
+
+        Bad arguments raise ``InvalidTypeError`` / ``InvalidValueError`` (``TypeError`` /
+        ``ValueError`` subclasses of ``LightSpecError``) naming the value and what is allowed.
         """
         single = isinstance(prompts, str)
-        plist = [prompts] if single else list(prompts)
+        plist = [prompts] if single else prompt_list(prompts)
         if not plist:
-            raise LightSpecError("prompts is empty: give at least one prompt")
-        if not (isinstance(max_new_tokens, int) and max_new_tokens >= 1):
-            raise LightSpecError(f"max_new_tokens={max_new_tokens!r} is invalid: use an integer >= 1")
+            raise InvalidValueError("prompts is empty: give at least one prompt")
+        vocab, context = self._vocab_size(), context_length(self.target)
+        max_new_tokens = check_max_new_tokens(max_new_tokens, context)
         seeds = list(seed) if isinstance(seed, (list, tuple)) else [seed] * len(plist)
         if len(seeds) != len(plist):
-            raise LightSpecError(f"seed has {len(seeds)} values for {len(plist)} prompts: give one per prompt or one int")
-        try:
-            params = SamplingParams(temperature=float(temperature), top_k=top_k, top_p=float(top_p), min_p=float(min_p), seed=None)
-            for s in seeds:
-                SamplingParams(seed=s)
-        except ValueError as exc:
-            raise LightSpecError(str(exc)) from None
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        ids = self._encode(plist)
-        it = self._run(ids, max_new_tokens, params, seeds, stops, set() if ignore_eos else self.eos_ids)
+            raise InvalidValueError(f"seed has {len(seeds)} values for {len(plist)} prompts: give one per prompt or one int")
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=None)
+        seeds = [SamplingParams(seed=s).seed for s in seeds]
+        stops = stop_list(stop)
+        if check_flag("ignore_eos", ignore_eos) and eos_token_id is not None:
+            raise InvalidValueError(f"eos_token_id={short(eos_token_id)} with ignore_eos=True: give one of them "
+                                    "(ignore_eos=True means no id ends a row)")
+        eos = set() if ignore_eos else self.eos_ids if eos_token_id is None else eos_id_set(eos_token_id, vocab)
+        ids = self._encode(plist, vocab, context)
+        it = self._run(ids, max_new_tokens, params, seeds, stops, eos)
         if stream:
             return self._stream(it, len(ids), single)
         return self._collect(it, single)
@@ -332,3 +368,4 @@ class MTPPipeline:
 
     def results_stats(self) -> list[RequestSummary]:
         return [self.summary.summaries[i] for i in sorted(self.summary.summaries)]
+

@@ -8,14 +8,42 @@ target and every drafter warp with these same functions.  Order matches
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 
+from .errors import InvalidTypeError, InvalidValueError
+
+# The smallest temperature > 0 allowed: ``warp_logits`` divides float32 logits by the
+# temperature, and below this a logit as large as the float16 maximum (65504) overflows
+# float32 (3.4e38), which turns the warped distribution into NaN.
+MIN_TEMPERATURE = 65504 / 3.4028234663852886e38  # 1.92e-34
+
+SEED_RANGE = (-(2**63), 2**64)  # what torch.Generator.manual_seed takes: [low, high)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per-request sampling settings.  ``temperature == 0`` means greedy."""
+    """Per-request sampling settings.  ``temperature == 0`` means greedy.
+
+    Allowed values (anything else raises ``InvalidTypeError`` for a wrong type or
+    ``InvalidValueError`` for a wrong value, both ``LightSpecError``s):
+
+    * ``temperature``: 0 (greedy) or a finite number >= ``MIN_TEMPERATURE`` (1.92e-34).
+      Temperatures in (0, ``MIN_TEMPERATURE``) are refused: dividing float32 logits by them
+      overflows to inf and the distribution becomes NaN.  HF ``generate`` does the same
+      division (``TemperatureLogitsWarper`` only refuses temperature <= 0) and then fails
+      in sampling ("probability tensor contains either inf, nan or element < 0"), so such
+      temperatures never worked there either; LightSpec refuses them up front, for every
+      model, instead of depending on the size of the logits.  Their limit is greedy
+      decoding: use ``temperature=0``.
+    * ``top_k``: an integer >= 0 (0 = off); ``top_p``: a number in (0, 1];
+      ``min_p``: a number in [0, 1); ``seed``: ``None`` or an integer in [-2**63, 2**64).
+
+    Numbers are stored as ``float`` (``temperature``, ``top_p``, ``min_p``) and ``int``
+    (``top_k``, ``seed``); ``bool`` is refused everywhere.
+    """
 
     temperature: float = 0.0
     top_k: int = 0
@@ -24,20 +52,45 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise ValueError(f"temperature={self.temperature!r} is invalid: use a finite number >= 0 (0 = greedy)")
-        if not (isinstance(self.top_k, int) and self.top_k >= 0):
-            raise ValueError(f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 = off)")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1]")
-        if not (isinstance(self.min_p, (int, float)) and 0 <= self.min_p < 1):
-            raise ValueError(f"min_p={self.min_p!r} is invalid: use a number in [0, 1)")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"seed={self.seed!r} is invalid: use an integer or None")
+        t = _number("temperature", self.temperature, "a finite number >= 0 (0 = greedy)")
+        if not (t >= 0 and math.isfinite(t)):
+            raise InvalidValueError(f"temperature={self.temperature!r} is invalid: use a finite number >= 0 (0 = greedy)")
+        if 0 < t < MIN_TEMPERATURE:
+            raise InvalidValueError(
+                f"temperature={self.temperature!r} is too small: float32 logits divided by it overflow; "
+                f"use 0 for greedy decoding or a temperature >= {MIN_TEMPERATURE:.3g}"
+            )
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
+            raise InvalidTypeError(f"top_k={self.top_k!r} ({type(self.top_k).__name__}) is invalid: use an integer >= 0 (0 = off)")
+        if self.top_k < 0:
+            raise InvalidValueError(f"top_k={self.top_k!r} is invalid: use an integer >= 0 (0 = off)")
+        top_p = _number("top_p", self.top_p, "a number in (0, 1]")
+        if not 0 < top_p <= 1:
+            raise InvalidValueError(f"top_p={self.top_p!r} is invalid: use a number in (0, 1]")
+        min_p = _number("min_p", self.min_p, "a number in [0, 1)")
+        if not 0 <= min_p < 1:
+            raise InvalidValueError(f"min_p={self.min_p!r} is invalid: use a number in [0, 1)")
+        if self.seed is not None:
+            if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+                raise InvalidTypeError(f"seed={self.seed!r} ({type(self.seed).__name__}) is invalid: use an integer or None")
+            if not SEED_RANGE[0] <= self.seed < SEED_RANGE[1]:
+                raise InvalidValueError(f"seed={self.seed!r} is invalid: use an integer in [-2**63, 2**64) or None")
+            object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "temperature", t)
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "top_p", top_p)
+        object.__setattr__(self, "min_p", min_p)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _number(name: str, value, allowed: str) -> float:
+    """``value`` as a float when it is a real number (not a bool), else ``InvalidTypeError``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidTypeError(f"{name}={value!r} ({type(value).__name__}) is invalid: use {allowed}")
+    return float(value)
 
 
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
