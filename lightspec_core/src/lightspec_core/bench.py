@@ -2,7 +2,11 @@
 
 Baselines (batch 1, as HF's assisted generation supports only batch 1): ``generate``
 vanilla; ``prompt_lookup_num_tokens``; ``assistant_model`` (when a draft model is given);
-``assistant_early_exit`` (when layerskip is measured).  Every method runs each prompt
+``assistant_early_exit`` (when layerskip is measured).  They run on stock copies of the
+target and draft, loaded by transformers alone (``HFModels``): the models LightSpec's
+methods run on carry its CPU kernels on the CPU in float32, which make HF's ``generate``
+faster too, so HF ``generate`` on LightSpec's target is a row of its own,
+``hf_vanilla_lightspec_kernels``.  Every method runs each prompt
 once after a warm-up, interleaved with the other methods prompt by prompt (see
 ``run_workload``); tokens/s is total new tokens over total wall time.  Greedy outputs
 are compared token by token with HF vanilla.
@@ -44,6 +48,10 @@ class MethodResult:
     # inflates the time outside forwards; see ``LightSpecMethod.measure_overhead``)
     overhead_alone_s: float = 0.0
     step_alone_s: float = 0.0
+    # seconds of its steps in which neither a drafter nor the target computed (the sum of
+    # bubble_ratio x step_time_s over the steps), in lockstep and alone
+    bubble_s: float = 0.0
+    bubble_alone_s: float = 0.0
     identical: int | None = None
     checked: int | None = None  # how many outputs had an HF vanilla greedy reference
     error: str | None = None
@@ -75,6 +83,9 @@ class MethodResult:
             "overhead_fraction": (self.overhead_alone_s / self.step_alone_s if self.step_alone_s
                                   else self.overhead_s / self.step_s if self.step_s else None),
             "overhead_fraction_lockstep": self.overhead_s / self.step_s if self.step_s else None,
+            "bubble_ratio": (self.bubble_alone_s / self.step_alone_s if self.step_alone_s
+                             else self.bubble_s / self.step_s if self.step_s else None),
+            "bubble_ratio_lockstep": self.bubble_s / self.step_s if self.step_s else None,
             "identical_to_hf": self.identical, "identical_checked": self.checked, "error": self.error,
             "speedup_ci95": list(self.speedup_ci95) if self.speedup_ci95 else None,
             "round_tokens": self.round_tokens, "round_seconds": self.round_seconds,
@@ -439,11 +450,35 @@ class LightSpecMethod(_Method):
             self.pipe.bound.sinks.remove(sink)
         self.result.overhead_alone_s += sum(e.overhead_s for e in alone)
         self.result.step_alone_s += sum(e.step_time_s for e in alone)
+        self.result.bubble_alone_s += bubble_seconds(alone)
 
     def finish(self) -> None:
         self.result.overhead_s = sum(e.overhead_s for e in self.steps_log)
         self.result.step_s = sum(e.step_time_s for e in self.steps_log)
+        self.result.bubble_s = bubble_seconds(self.steps_log)
         self.pipe.bound.sinks.remove(self.collect)
+
+
+def bubble_seconds(steps) -> float:
+    """Seconds of ``steps`` (step events) in which neither a drafter nor the target
+    computed: the sum of ``bubble_ratio * step_time_s``.  Divided by the steps' total
+    time it is their time-weighted bubble ratio (``MethodResult.to_dict``)."""
+    return sum(e.bubble_ratio * e.step_time_s for e in steps)
+
+
+@dataclass
+class HFModels:
+    """The models HF's baselines run on: stock copies of the target and the draft, loaded
+    by transformers alone, without LightSpec's CPU kernels (``load_model(...,
+    cpu_layout=False)``).  ``kernels_row``: also time HF ``generate`` on LightSpec's own
+    target (``hf_vanilla_lightspec_kernels``), when that target differs from stock."""
+
+    target: object
+    draft: object = None
+    kernels_row: bool = False
+
+
+KERNELS_ROW = "hf_vanilla_lightspec_kernels"  # HF generate on the target as LightSpec loaded it
 
 
 def default_strategies(draft_model) -> list[str]:
@@ -484,8 +519,7 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
          md_out=None, lean_target=True, repeat=1, seed=None, batch_repeat=None, interleave="step", control=True):
     import sys
 
-    from transformers import AutoTokenizer
-
+    from .loading import cpu_kernels_apply, load_tokenizer
     from .pipeline import MTPPipeline, default_draft_path, default_model_path, load_model, resolve_device, resolve_dtype
 
     if batch_size < 1:
@@ -509,10 +543,16 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
     # a batched suite run gets at least one full batch of prompts per workload
     widest = max(bs for bs, _ in configs)
     sets = load_prompt_sets(prompts_file, suite, max(limit, widest) if suite else limit)
-    tok = AutoTokenizer.from_pretrained(str(model))
-    click.echo(f"loading {model}…", err=True)
-    target = load_model(model, dev, dt)
-    draft = load_model(draft_model, dev, dt) if draft_model else None
+    tok = load_tokenizer(model)
+    target = load_model(model, dev, dt, progress=True)
+    draft = load_model(draft_model, dev, dt, progress=True) if draft_model else None
+    hf_models = None
+    if with_hf and any(bs == 1 for bs, _ in configs) and cpu_kernels_apply(dev, dt):
+        # LightSpec's target carries its CPU kernels here: HF's baselines get stock copies
+        click.echo("loading stock copies for the HF baselines…", err=True)
+        hf_models = HFModels(load_model(model, dev, dt, cpu_layout=False),
+                             load_model(draft_model, dev, dt, cpu_layout=False) if draft_model else None,
+                             kernels_row=True)
     names = list(strategies) or default_strategies(draft_model)
     pipes = {}
     for name in names:
@@ -529,7 +569,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
               "draft_model": str(draft_model) if draft_model else None, "device": str(dev),
               "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "repeat": repeat,
               "batch_repeat": batch_repeat or repeat, "seed": seed, "interleave": interleave, "machine": machine_info(dev),
-              "target_forward": {name: p.engine.target_forward for name, p in pipes.items()}, "runs": []}
+              "target_forward": {name: p.engine.target_forward for name, p in pipes.items()},
+              "notes": bench_notes(with_hf, hf_models), "runs": []}
     greedy_ref: dict[str, list[list[int]]] = {}  # HF vanilla greedy outputs at batch 1, per workload
     for bs, temp in configs:
         run = {"batch_size": bs, "temperature": temp, "workloads": {}}
@@ -539,7 +580,7 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
             reps = batch_repeat if bs > 1 and batch_repeat else repeat
             run_pipes = {**pipes, CONTROL: control_pipe} if control_pipe is not None and bs > 1 else pipes
             results = run_workload(target, draft, run_pipes, ids, max_new_tokens, bs, temp, hf_lookup_tokens,
-                                   with_hf, dev, f"{wname} b{bs} t{temp}", reps, seed, interleave)
+                                   with_hf, dev, f"{wname} b{bs} t{temp}", reps, seed, interleave, hf_models)
             vanilla = next((r for r in results if r.name == "hf_vanilla" and not r.error), None)
             if temp == 0 and bs == 1 and vanilla is not None:
                 greedy_ref[wname] = vanilla.outputs
@@ -570,6 +611,21 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
         write_markdown(report, md_out)
         click.echo(f"wrote {md_out}", err=True)
     return report
+
+
+def bench_notes(with_hf: bool, hf_models: HFModels | None) -> list[str]:
+    """What the report's HF rows are, in words (the JSON's ``notes``, the Markdown's list)."""
+    if not with_hf:
+        return []
+    notes = ["HF baselines (hf_vanilla, hf_prompt_lookup, hf_assisted, hf_early_exit) run HF generate on "
+             + ("stock copies of the target and draft, loaded by transformers alone (no LightSpec kernels)"
+                if hf_models else "the target and draft as transformers loads them (LightSpec's CPU kernels "
+                                  "apply only to float32 on the CPU)")]
+    if hf_models and hf_models.kernels_row:
+        notes.append(f"{KERNELS_ROW}: HF generate on the target as LightSpec loaded it, with its CPU kernels "
+                     "(packed linears, kernel RMSNorm, CPU attention), the model the LightSpec rows run on; "
+                     "speed-ups are against the stock hf_vanilla")
+    return notes
 
 
 class Lane:
@@ -651,8 +707,11 @@ def round_order(methods: list, i: int) -> list:
 
 
 def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens, with_hf, dev, label, repeat=1,
-                 seed=None, interleave="step"):
+                 seed=None, interleave="step", hf_models: HFModels | None = None):
     """Every method on one workload; HF baselines only at batch 1 (assisted generation is batch-1 only).
+
+    HF's baselines run on ``hf_models`` (stock copies: ``HFModels``), or on ``target`` and
+    ``draft`` themselves when it is None (where those are what transformers loaded).
 
     Methods are interleaved so that a change in machine speed during the run (the shared
     VM's forwards vary by 2x from one second to the next) hits all methods alike instead
@@ -680,14 +739,17 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
         raise LightSpecError(f"interleave={interleave!r} is invalid; allowed: step, batch")
     methods: list = []
     if with_hf and bs == 1:
-        methods.append(HFMethod(target, "hf_vanilla", {}, temp, dev))
-        methods.append(HFMethod(target, f"hf_prompt_lookup({hf_lookup_tokens})", {"prompt_lookup_num_tokens": hf_lookup_tokens}, temp, dev))
-        if draft is not None:
-            methods.append(HFMethod(target, "hf_assisted", {"assistant_model": draft}, temp, dev))
+        hf_target, hf_draft = (hf_models.target, hf_models.draft) if hf_models else (target, draft)
+        methods.append(HFMethod(hf_target, "hf_vanilla", {}, temp, dev))
+        if hf_models and hf_models.kernels_row:
+            methods.append(HFMethod(target, KERNELS_ROW, {}, temp, dev))
+        methods.append(HFMethod(hf_target, f"hf_prompt_lookup({hf_lookup_tokens})", {"prompt_lookup_num_tokens": hf_lookup_tokens}, temp, dev))
+        if hf_draft is not None:
+            methods.append(HFMethod(hf_target, "hf_assisted", {"assistant_model": hf_draft}, temp, dev))
         if "layerskip" in pipes:
             L = getattr(pipes["layerskip"].strategy, "layers", None)
-            L = L if isinstance(L, int) else max(1, target.config.num_hidden_layers // 2)
-            methods.append(HFMethod(target, f"hf_early_exit({L})", {"assistant_early_exit": L}, temp, dev))
+            L = L if isinstance(L, int) else max(1, hf_target.config.num_hidden_layers // 2)
+            methods.append(HFMethod(hf_target, f"hf_early_exit({L})", {"assistant_early_exit": L}, temp, dev))
     methods += [LightSpecMethod(pipe, name, temp) for name, pipe in pipes.items()]
     failed: dict[str, str] = {}
     chunks = [ids[i:i + bs] for i in range(0, len(ids), bs)]
@@ -747,18 +809,19 @@ def format_table(wname: str, w: dict, n: int) -> str:
     from .report import speedup_text
 
     lines = [f"\n== {wname} ({n} prompts; speed-up vs {w['baseline']}) ==",
-             f"{'method':<24}{'tok/s':>9}{'speed-up (95% CI)':>22}{'acc.len':>9}{'accept':>8}{'overhead':>10}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
+             f"{'method':<30}{'tok/s':>9}{'speed-up (95% CI)':>22}{'acc.len':>9}{'accept':>8}{'overhead':>10}{'bubble':>8}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
     for r in w["results"]:
         if r["error"]:
-            lines.append(f"{r['name']:<24} error: {r['error'][:90]}")
+            lines.append(f"{r['name']:<30} error: {r['error'][:90]}")
             continue
         sp = speedup_text(r, "x")
         al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
         ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
         ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
+        bu = f"{r['bubble_ratio']:.1%}" if r.get("bubble_ratio") is not None else "-"
         ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{r.get('identical_checked') or n}"
         pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8])
-        lines.append(f"{r['name']:<24}{r['tokens_per_s']:>9.1f}{sp:>22}{al:>9}{ac:>8}{ov:>10}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
+        lines.append(f"{r['name']:<30}{r['tokens_per_s']:>9.1f}{sp:>22}{al:>9}{ac:>8}{ov:>10}{bu:>8}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
     return "\n".join(lines)
 
 

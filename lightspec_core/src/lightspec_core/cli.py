@@ -144,9 +144,12 @@ def _defaults() -> dict:
 
 
 @cli.command()
-@click.option("--model", "model", default=None, help="Target model folder (default: the embedded lightspec-zoo model).")
+@click.option("--model", "model", default=None,
+              help="Target model: a Hugging Face hub id (org/name, through the HF cache; HF_HUB_OFFLINE=1 reads only "
+                   "the cache) or a local folder (default: the embedded lightspec-zoo model).")
 @click.option("--strategy", default=None, help="Strategy name or YAML file (default: hybrid).")
-@click.option("--draft-model", default=None, help="Draft model folder (strategies draft_model / hybrid).")
+@click.option("--draft-model", default=None,
+              help="Draft model, a hub id or a local folder (strategies draft_model / hybrid).")
 @click.option("--prompt", multiple=True, help="Prompt text (repeatable).")
 @click.option("--prompts-file", default=None, help="JSONL ('prompt' per line) or text file (one per line).")
 @click.option("--max-new-tokens", type=int, default=None, help="Tokens to generate per prompt (default 128).")
@@ -191,9 +194,7 @@ def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop
     # check the sampling flags before spending time on loading the model
     SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
 
-    if not as_json:
-        click.echo("loading model…", err=True)
-    pipe = MTPPipeline.from_pretrained(
+    pipe = MTPPipeline.from_pretrained(  # progress: names the model and its source on stderr
         model or d.get("model"),
         strategy=strategy or d.get("strategy", "hybrid"),
         draft_model=draft_model or d.get("draft_model"),
@@ -275,9 +276,10 @@ def strategies(as_json):
 
 
 @cli.command()
-@click.option("--model", default=None, help="Target model folder (default: the embedded model).")
+@click.option("--model", default=None,
+              help="Target model: a hub id (org/name, through the HF cache) or a local folder (default: the embedded model).")
 @click.option("--strategy", "strategies_", multiple=True, help="Strategy to measure (repeatable; default: all built-ins that apply).")
-@click.option("--draft-model", default=None)
+@click.option("--draft-model", default=None, help="Draft model (hub id or local folder) for draft_model and hf_assisted.")
 @click.option("--prompts", "prompts_file", default=None, help="Prompts file (JSONL or text).")
 @click.option("--suite", default=None, help="Run a benchmark suite ('default') instead of --prompts.")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")

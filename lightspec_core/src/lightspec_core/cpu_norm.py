@@ -28,6 +28,7 @@ class KernelRMSNorm(nn.Module):
 
     def __init__(self, norm: nn.Module, eps: float):
         super().__init__()
+        self.train(norm.training)  # the mode of the module it replaces, not nn.Module's default
         self.weight = norm.weight
         self.variance_epsilon = eps
         self.original_forward = type(norm).forward  # a function, not a module: no second copy of the weight

@@ -1,6 +1,6 @@
 """``MTPPipeline``: load a target (and optional draft), resolve a strategy once, generate.
 
-    pipe = MTPPipeline.from_pretrained("path/to/model", strategy="hybrid")
+    pipe = MTPPipeline.from_pretrained("org/name" or "path/to/model", strategy="hybrid")
     out = pipe.generate(["def add(a, b):"], max_new_tokens=64)
     out[0].text, out[0].stats.mean_accepted_length
 """
@@ -26,15 +26,22 @@ from .arguments import (
     stop_list,
     token_id_list,
 )
-from .cpu_norm import use_cpu_norms
 from .engine import BoundStrategy, Engine
 from .errors import InvalidTypeError, InvalidValueError, LightSpecError
-from .hf_attention import use_cpu_attention
 from .limits import context_length
+from .loading import (
+    check_causal_lm,
+    check_passed_model,
+    check_vocabulary,
+    cpu_kernels_apply,
+    install_cpu_kernels,
+    load_config,
+    load_model,
+    load_tokenizer,
+)
 from .plugins import get_registry, new_plugin_manager
 from .sampling import SamplingParams
 from .stats import JsonlSink, LogSink, RequestSummary, SummaryCollector
-from .weight_layout import use_cpu_layout
 
 log = logging.getLogger("lightspec")
 
@@ -58,13 +65,22 @@ class PipelineEnv:
     tokenizer: Any
     device: torch.device
     dtype: torch.dtype
-    draft_model: Any  # a path, a model object, or None
+    draft_model: Any  # a folder, a hub id, a model object, or None
     progress: bool = False
+    cpu_kernels: bool | None = None  # as MTPPipeline's
 
     def load_draft_model(self):
+        """The draft model: a passed object as it is (checked to be on the pipeline's
+        device and in eval mode; its dtype may differ from the target's), or loaded like
+        the target (``load_model``, with LightSpec's CPU kernels unless
+        ``cpu_kernels=False``).  ``cpu_kernels=True`` installs them into a passed draft."""
         if isinstance(self.draft_model, torch.nn.Module):
-            return self.draft_model.to(self.device).eval()
-        return load_model(self.draft_model, self.device, self.dtype, self.progress)
+            check_passed_model(self.draft_model, self.device, None, "draft model")
+            if self.cpu_kernels:
+                install_cpu_kernels(self.draft_model)
+            return self.draft_model
+        return load_model(self.draft_model, self.device, self.dtype, self.progress,
+                          cpu_layout=self.cpu_kernels is not False)
 
 
 def resolve_device(device) -> torch.device:
@@ -108,30 +124,9 @@ def default_draft_path() -> str | None:
         return None
 
 
-def load_model(path, device: torch.device, dtype: torch.dtype, progress: bool = False, cpu_layout: bool = True):
-    """Load a local HF causal LM folder in ``dtype`` on ``device``, in eval mode.
-
-    ``cpu_layout``: on the CPU in float32, store its Linear weights column-major and
-    packed for LightSpec's CPU kernel (``weight_layout.use_cpu_layout``), and run its
-    attention through LightSpec's CPU attention kernel (``hf_attention``): the same
-    values, 2-3x faster decode steps.  Every forward of the model (HF's included) then runs
-    the same kernels.  Models passed in as objects are never changed."""
-    from transformers import AutoModelForCausalLM
-
-    if not Path(str(path)).exists():
-        raise LightSpecError(f"model {str(path)!r} not found: give a local model folder (no downloads here)")
-    if progress:
-        log.info("loading %s", path)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    except OSError as exc:
-        raise LightSpecError(f"cannot load model {str(path)!r}: {exc}") from None
-    model = model.to(device).eval()
-    if cpu_layout and device.type == "cpu" and dtype == torch.float32:
-        use_cpu_layout(model)
-        use_cpu_norms(model)
-        use_cpu_attention(model)
-    return model
+def _check_cpu_kernels_flag(cpu_kernels) -> None:
+    if not (cpu_kernels is None or isinstance(cpu_kernels, bool)):
+        raise LightSpecError(f"cpu_kernels={cpu_kernels!r} is invalid: use None (auto), True or False")
 
 
 def bind(name: str, strategy, verifier, budget, sinks: list) -> BoundStrategy:
@@ -172,19 +167,32 @@ def bind(name: str, strategy, verifier, budget, sinks: list) -> BoundStrategy:
 
 
 class MTPPipeline:
-    """A target model plus a resolved speculative-decoding strategy."""
+    """A target model plus a resolved speculative-decoding strategy.
+
+    ``MTPPipeline(target, tokenizer, ...)`` takes a model object and leaves it as it is:
+    ``device`` / ``dtype`` (``None``: the model's own) must match where it is, and it must
+    be in eval mode (``check_passed_model``: an error asks the caller to move it or call
+    ``.eval()``).  ``cpu_kernels``: ``None`` or ``False`` leave it unchanged; ``True``
+    installs LightSpec's CPU kernels into it (and into a passed draft model), in place:
+    its Linear and RMSNorm modules are replaced and its attention implementation switched
+    (``loading.install_cpu_kernels``; float32 on the CPU only).  A draft model given as a
+    folder or hub id is loaded with the kernels unless ``cpu_kernels=False``.  The tokenizer must not be
+    longer than the model's vocabulary (``check_vocabulary``)."""
 
     def __init__(self, target, tokenizer, strategy: str | Any = "hybrid", draft_model=None, device=None,
                  dtype=None, budget: str | dict | None = None, verifier: str = "standard",
                  stats_out: str | None = None, log_interval_s: float | None = None, progress: bool = False,
-                 lean_target: bool = True, **strategy_options):
+                 lean_target: bool = True, cpu_kernels: bool | None = None, **strategy_options):
         from .composer import build_strategy, load_strategy_file
 
         reg = get_registry()
         check_strategy_argument(strategy, reg.names("strategy"))
-        self.device = resolve_device(device) if device is not None else next(target.parameters()).device
-        self.dtype = next(target.parameters()).dtype if dtype is None else resolve_dtype(dtype, self.device)
-        self.target = target.to(self.device).eval()
+        _check_cpu_kernels_flag(cpu_kernels)
+        self.device, self.dtype = check_passed_model(target, device, dtype, "model")
+        if cpu_kernels:
+            install_cpu_kernels(target)
+        check_vocabulary(target, tokenizer, f"model {getattr(target, 'name_or_path', '') or type(target).__name__!r}")
+        self.target = target
         self.tokenizer = tokenizer
         file_budget = None
         if isinstance(strategy, str) and strategy.endswith((".yaml", ".yml")):
@@ -199,7 +207,7 @@ class MTPPipeline:
         else:
             self.strategy = strategy
             self.strategy_name = getattr(strategy, "name", type(strategy).__name__)
-        env = PipelineEnv(self.target, tokenizer, self.device, self.dtype, draft_model, progress)
+        env = PipelineEnv(self.target, tokenizer, self.device, self.dtype, draft_model, progress, cpu_kernels)
         if hasattr(self.strategy, "setup"):
             self.strategy.setup(env)
         budget = budget if budget is not None else (file_budget or "dynamic")
@@ -230,10 +238,24 @@ class MTPPipeline:
 
     @classmethod
     def from_pretrained(cls, model_or_path=None, strategy: str = "hybrid", draft_model=None, device=None,
-                        dtype=None, tokenizer=None, progress: bool = False, **kwargs) -> "MTPPipeline":
-        """Load a target model (a local folder, or an already built model plus ``tokenizer``)."""
-        dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
+                        dtype=None, tokenizer=None, progress: bool = False, cpu_kernels: bool | None = None,
+                        **kwargs) -> "MTPPipeline":
+        """A pipeline on a target model given as a hub id (``org/name``), a local folder or
+        an already built model (plus ``tokenizer``); ``None``: lightspec-zoo's target (and
+        its draft).
+
+        Names are resolved by transformers (``AutoModelForCausalLM.from_pretrained``,
+        ``AutoTokenizer.from_pretrained``): a local folder, else the Hugging Face cache
+        (``HF_HOME`` / ``HF_HUB_CACHE``), downloading what is missing unless
+        ``HF_HUB_OFFLINE=1``.  ``draft_model`` may be any of the same.  ``device`` /
+        ``dtype``: for loaded models, where to put them (default: CUDA in bfloat16 when
+        available, else the CPU in float32); a passed model must already be there
+        (``MTPPipeline``).  ``cpu_kernels``: ``None`` installs LightSpec's CPU kernels into
+        the models the pipeline loads (CPU, float32), not into passed ones; ``True`` into
+        passed ones too (changing them in place); ``False`` never.  ``progress``: report
+        loading on stderr (transformers' progress bars).  Every load failure is one
+        ``LightSpecError`` line (``loading``)."""
+        _check_cpu_kernels_flag(cpu_kernels)
         if model_or_path is None:
             model_or_path = default_model_path()
             if draft_model is None:
@@ -241,15 +263,22 @@ class MTPPipeline:
         if isinstance(model_or_path, torch.nn.Module):
             if tokenizer is None:
                 raise LightSpecError("a model object needs tokenizer=... too")
-            model = model_or_path.to(device=dev, dtype=dt).eval()
-        else:
-            model = load_model(model_or_path, dev, dt, progress)
-            if tokenizer is None:
-                from transformers import AutoTokenizer
-
-                tokenizer = AutoTokenizer.from_pretrained(str(model_or_path))
+            return cls(model_or_path, tokenizer, strategy=strategy, draft_model=draft_model, device=device,
+                       dtype=dtype, progress=progress, cpu_kernels=cpu_kernels, **kwargs)
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        if cpu_kernels and not cpu_kernels_apply(dev, dt):
+            raise LightSpecError(f"cpu_kernels=True needs the CPU in float32, not {dev} in "
+                                 f"{str(dt).removeprefix('torch.')}: leave cpu_kernels unset")
+        name = str(model_or_path)
+        config = load_config(name, progress)
+        check_causal_lm(config, name)
+        if tokenizer is None:  # before the weights: a missing tokenizer should not wait for them
+            tokenizer = load_tokenizer(name, progress)
+        model = load_model(name, dev, dt, progress, cpu_layout=cpu_kernels is not False, config=config)
+        # cpu_kernels passes on for the draft model; on this target it changes nothing more
         return cls(model, tokenizer, strategy=strategy, draft_model=draft_model, device=dev, dtype=dt,
-                   progress=progress, **kwargs)
+                   progress=progress, cpu_kernels=cpu_kernels, **kwargs)
 
     # ------------------------------------------------------------------------------------
 

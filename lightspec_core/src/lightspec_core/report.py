@@ -37,6 +37,10 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
         lines.append("- overhead: wall time outside model forwards per step, from one more run of every batch with "
                      "the method alone (in lockstep the other methods' steps evict its caches between its steps; "
                      "that figure is `overhead_fraction_lockstep` in the JSON)")
+    lines.append("- bubble: the share of the steps' wall time in which neither a drafter nor the target computed "
+                 "(step events' `bubble_ratio` weighted by step time"
+                 + ("; from the runs alone, `bubble_ratio_lockstep` in the JSON)" if report.get("interleave") == "step" else ")"))
+    lines += [f"- {note}" for note in report.get("notes", [])]
     forwards = sorted(set((report.get("target_forward") or {}).values()))
     if forwards:
         lines.append("- LightSpec's target forward: " + ", ".join(forwards)
@@ -97,19 +101,20 @@ def _run_tables(report: dict) -> list[str]:
     lines.append("")
     for wname, w in report["workloads"].items():
         lines += [f"#### {wname} ({w['prompts']} prompts; speed-up vs {w['baseline']}, with the 95% interval of the paired rounds)", "",
-                  "| method | tok/s | speed-up | mean accepted length | acceptance | overhead | +peak mem (MB) | identical | per-position acceptance |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| method | tok/s | speed-up | mean accepted length | acceptance | overhead | bubble | +peak mem (MB) | identical | per-position acceptance |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in w["results"]:
             if r["error"]:
-                lines.append(f"| {r['name']} | error: {escape(r['error'][:80])} | | | | | | | |")
+                lines.append(f"| {r['name']} | error: {escape(r['error'][:80])} | | | | | | | | |")
                 continue
             sp = speedup_text(r, "×")
             al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
             ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
             ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
+            bu = f"{r['bubble_ratio']:.1%}" if r.get("bubble_ratio") is not None else "-"
             ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{r.get('identical_checked') or w['prompts']}"
             pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8]) or "-"
-            lines.append(f"| {r['name']} | {r['tokens_per_s']:.1f} | {sp} | {al} | {ac} | {ov} | {r['peak_extra_mb']:.1f} | {ident} | {pp} |")
+            lines.append(f"| {r['name']} | {r['tokens_per_s']:.1f} | {sp} | {al} | {ac} | {ov} | {bu} | {r['peak_extra_mb']:.1f} | {ident} | {pp} |")
         lines.append("")
     return lines
 

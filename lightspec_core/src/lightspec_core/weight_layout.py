@@ -18,7 +18,8 @@ so a one-token decode step and a verify over a few tokens gain (end to end at ba
 while prefill is unchanged.  The values are the same; only the summation order inside
 the BLAS differs (|diff| ~ 1e-5 in the logits), so the model is changed once, when
 LightSpec loads it, and every method that runs on it (LightSpec, and HF's ``generate`` in
-``lightspec bench``) sees the same numerics.  Tied weights stay tied.
+``lightspec bench``'s ``hf_vanilla_lightspec_kernels`` row; its other HF baselines run on a
+stock copy) sees the same numerics.  Tied weights stay tied.
 
 Where ``lightspec_kernels.cpu_linear`` can run (x86-64 with AVX2 or AVX-512 and a C
 compiler), ``use_cpu_layout`` goes further: every ``nn.Linear`` becomes a
@@ -88,6 +89,7 @@ class PackedLinear(nn.Linear):
 
     def __init__(self, linear: nn.Linear, packed: cpu_linear.PackedWeight):
         nn.Module.__init__(self)
+        self.train(linear.training)  # the mode of the module it replaces, not nn.Module's default
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
