@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import LightSpecError
+from .errors import InvalidTypeError, InvalidValueError, LightSpecError
 
 # a few decoder-only families, named in the "not a causal LM" message (transformers knows ~200)
 CAUSAL_EXAMPLES = "Llama, Mistral, Qwen2/Qwen3, Gemma, GPT-2, GPT-NeoX, Phi-3, OPT"
@@ -101,9 +101,9 @@ def load_config(name: str, progress: bool = False):
                 f"model folder {name!r} {'is empty' if empty else 'has no config.json'}: give a folder written by "
                 "save_pretrained (config.json, *.safetensors, tokenizer files) or a hub id (org/name)")
     elif path.exists():
-        raise LightSpecError(f"model {name!r} is a file: give the folder that holds its config.json, or a hub id (org/name)")
+        raise InvalidValueError(f"model {name!r} is a file: give the folder that holds its config.json, or a hub id (org/name)")
     elif not _REPO_ID.match(name) or ".." in name:
-        raise LightSpecError(f"model {name!r} not found: no such folder, and not a hub id (org/name)")
+        raise InvalidValueError(f"model {name!r} not found: no such folder, and not a hub id (org/name)")
     elif _offline() and not _cached_config(name):
         raise _not_cached(name)
     if progress:
@@ -134,16 +134,16 @@ def check_causal_lm(config, name: str) -> None:
     allowed = (f"LightSpec runs decoder-only causal LMs, the models transformers builds with AutoModelForCausalLM "
                f"({CAUSAL_EXAMPLES}, ...: a *ForCausalLM class)")
     if getattr(config, "is_encoder_decoder", False):
-        raise LightSpecError(f"{what} is an encoder-decoder model, not a causal LM: {allowed}")
+        raise InvalidValueError(f"{what} is an encoder-decoder model, not a causal LM: {allowed}")
     if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise LightSpecError(f"{what} is not a causal LM: {allowed}")
+        raise InvalidValueError(f"{what} is not a causal LM: {allowed}")
     causal_classes = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
     archs = list(getattr(config, "architectures", None) or [])
     if archs and not any(a in causal_classes or a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
-        raise LightSpecError(f"{what} was saved as {', '.join(archs)}, not a causal LM: {allowed}")
+        raise InvalidValueError(f"{what} was saved as {', '.join(archs)}, not a causal LM: {allowed}")
     if (model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
             and not getattr(config, "causal", False)):
-        raise LightSpecError(f"{what} is an encoder with is_decoder=false (its attention looks both ways), "
+        raise InvalidValueError(f"{what} is an encoder with is_decoder=false (its attention looks both ways), "
                              f"not a causal LM: {allowed}")
 
 
@@ -156,7 +156,7 @@ def check_vocabulary(model, tokenizer, what: str = "the model") -> None:
         return
     rows, n = int(weight.shape[0]), len(tokenizer)
     if rows < n:
-        raise LightSpecError(f"{what} has a vocabulary of {rows} tokens (lm_head rows) but its tokenizer has {n}: "
+        raise InvalidValueError(f"{what} has a vocabulary of {rows} tokens (lm_head rows) but its tokenizer has {n}: "
                              "the model needs at least as many rows as len(tokenizer); use the tokenizer saved "
                              "with the model")
 
@@ -172,23 +172,23 @@ def check_passed_model(model, device, dtype, what: str = "model") -> tuple[torch
     from .pipeline import resolve_device, resolve_dtype
 
     if not isinstance(model, torch.nn.Module):
-        raise LightSpecError(f"the {what} is a {type(model).__name__}: pass a torch.nn.Module, a folder or a hub id")
+        raise InvalidTypeError(f"the {what} is a {type(model).__name__}: pass a torch.nn.Module, a folder or a hub id")
     have_dev, have_dt = model_device(model), model_dtype(model)
     label = f"the {what} passed ({type(model).__name__})"
     if device is not None:
         want = device if isinstance(device, torch.device) else resolve_device(device)
         if not _same_device(want, have_dev):
-            raise LightSpecError(f"{label} is on {have_dev}, but device={str(want)!r} was asked: move it first "
+            raise InvalidValueError(f"{label} is on {have_dev}, but device={str(want)!r} was asked: move it first "
                                  f"(model.to({str(want)!r})) or leave device unset to use it where it is")
     if dtype is not None:
         want_dt = resolve_dtype(dtype, have_dev)
         if want_dt != have_dt:
             wanted, has = str(want_dt).removeprefix("torch."), str(have_dt).removeprefix("torch.")
-            raise LightSpecError(f"{label} is {has}, but dtype={wanted!r} was asked: convert it first "
+            raise InvalidValueError(f"{label} is {has}, but dtype={wanted!r} was asked: convert it first "
                                  f"(model.to(torch.{wanted})) or leave dtype unset to use it as it is")
     training = next((n or "(the model itself)" for n, m in model.named_modules() if m.training), None)
     if training is not None:
-        raise LightSpecError(f"{label} is in training mode (module {training}: dropout would change its outputs): "
+        raise InvalidValueError(f"{label} is in training mode (module {training}: dropout would change its outputs): "
                              "call model.eval() before passing it")
     return have_dev, have_dt
 
@@ -220,7 +220,7 @@ def install_cpu_kernels(model) -> None:
     from .weight_layout import use_cpu_layout
 
     if not cpu_kernels_apply(model_device(model), model_dtype(model)):
-        raise LightSpecError(f"cpu_kernels=True needs a float32 model on the CPU; this one is "
+        raise InvalidValueError(f"cpu_kernels=True needs a float32 model on the CPU; this one is "
                              f"{str(model_dtype(model)).removeprefix('torch.')} on {model_device(model)}: "
                              "leave cpu_kernels unset")
     use_cpu_layout(model)
