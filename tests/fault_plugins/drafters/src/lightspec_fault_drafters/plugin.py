@@ -13,7 +13,8 @@ earlier occurrence of its newest token, up to the budget) and then breaks one ru
 * ``zero_probs``        samples each draft token uniformly from ids 3..V-1 with the row's
   draft generator and reports ``probs`` uniform over the vocabulary except at the proposed
   token, where it is 0 (``mode="zero"``), -0.5 (``"negative"``), NaN (``"nan"``) or 1e-30
-  (``"tiny"``): a distribution the token cannot have been drawn from;
+  (``"tiny"``): a distribution the token cannot have been drawn from.  ``mode="correct"``
+  (the tests' control) reports the true one: 1/(V-3) on ids 3..V-1, 0 on 0..2;
 * ``out_of_vocab``      the first draft token of every row is ``V`` (``mode="vocab"``),
   ``V + 1000`` (``"huge"``) or -1 (``"negative"``), V = ``ctx.vocab_size``.
 
@@ -151,7 +152,7 @@ class ZeroProbs(_Faulty):
     VALUES = {"zero": 0.0, "negative": -0.5, "nan": float("nan"), "tiny": 1e-30}
 
     def __init__(self, mode: str = "zero", max_draft: int = 2):
-        _check("mode", mode, tuple(self.VALUES))
+        _check("mode", mode, (*self.VALUES, "correct"))
         if not isinstance(max_draft, int) or isinstance(max_draft, bool) or max_draft < 1:
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
         self.mode, self.max_draft = mode, max_draft
@@ -167,10 +168,14 @@ class ZeroProbs(_Faulty):
             k = min(self.max_draft, int(ctx.max_draft_list[b]))
             drafts.append(torch.randint(3, V, (k,), generator=ctx.generators[b]).tolist() if k > 0 else [])
         width = max((len(d) for d in drafts), default=0)
-        probs = torch.full((len(drafts), max(width, 1), V), 1.0 / V)
-        for b, d in enumerate(drafts):
-            for j, t in enumerate(d):
-                probs[b, j, t] = self.VALUES[self.mode]
+        if self.mode == "correct":
+            probs = torch.full((len(drafts), max(width, 1), V), 1.0 / (V - 3))
+            probs[:, :, :3] = 0.0
+        else:
+            probs = torch.full((len(drafts), max(width, 1), V), 1.0 / V)
+            for b, d in enumerate(drafts):
+                for j, t in enumerate(d):
+                    probs[b, j, t] = self.VALUES[self.mode]
         return proposal(ctx, drafts, self.name, probs=probs)
 
 
@@ -203,6 +208,6 @@ def lightspec_register_strategies(register):
     register("mutates_sequences", MutatesSequences, description="appends to ctx.sequences in place (fault injection)",
              params={"how": "append | iadd"})
     register("zero_probs", ZeroProbs, description="reports an impossible probability at the proposed token (fault injection)",
-             params={"mode": "zero | negative | nan | tiny", "max_draft": "most tokens per draft (2)"})
+             params={"mode": "zero | negative | nan | tiny | correct", "max_draft": "most tokens per draft (2)"})
     register("out_of_vocab", OutOfVocab, description="drafts token ids outside the vocabulary (fault injection)",
              params={"mode": "vocab | huge | negative"})
