@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import textwrap
 import types
 from types import SimpleNamespace
@@ -622,3 +623,46 @@ def test_real_run_with_a_plugin_exiting_at_import_still_generates(tmp_path):
     [result] = json.loads(proc.stdout)
     assert result["token_ids"] and result["finish_reason"]
     assert "fault_import" in proc.stderr and "SystemExit" in proc.stderr and "skipped" in proc.stderr
+
+
+# --- `lightspec plugins` reports the CPU kernels ------------------------------------------
+
+
+def test_plugins_json_reports_cpu_kernels(fake_plugins, monkeypatch, capsys):
+    from lightspec_kernels import _cpu_build
+
+    fake_plugins()
+    rc, cap = _cli_main(monkeypatch, capsys, ["plugins", "--json"])
+    assert rc == 0, cap.err
+    kernels = json.loads(cap.out)["cpu_kernels"]
+    expected = _cpu_build.status()
+    assert kernels == expected and kernels["on"] == (kernels["reason"] is None)
+    rc, cap = _cli_main(monkeypatch, capsys, ["plugins"])
+    assert ("cpu kernels: on" if expected["on"] else f"cpu kernels: off ({expected['reason']})") in cap.out
+
+
+def test_plugins_json_reports_cpu_kernels_off_with_a_hanging_compiler(tmp_path):
+    """A compiler that never finishes: `lightspec plugins --json` still answers, with the
+    kernels off and why (a fresh interpreter and cache, so that this process's kernels are
+    untouched)."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the CPU kernels are x86-64 only: there is no build to hang")
+    cc = tmp_path / "slowcc"
+    cc.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo slowcc; exit 0; fi\nexec sleep 600\n')
+    cc.chmod(0o755)
+    env = dict(os.environ, CC=str(cc), LIGHTSPEC_CACHE_DIR=str(tmp_path / "cache"), LIGHTSPEC_KERNEL_BUILD_TIMEOUT="2",
+               LIGHTSPEC_PLUGINS="")
+    env.pop("LIGHTSPEC_CPU_KERNEL", None)
+    proc = subprocess.run([sys.executable, "-m", "lightspec_core.cli", "plugins", "--json"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    kernels = json.loads(proc.stdout)["cpu_kernels"]
+    assert kernels["on"] is False and kernels["reason"].startswith("gave up building the CPU kernels")
+    assert kernels["cache_dir"] == str(tmp_path / "cache")
+    assert [ln for ln in proc.stderr.splitlines() if "CPU kernels are off" in ln] == [
+        f"LightSpec's CPU kernels are off: {kernels['reason']}; PyTorch's operations run instead"]
+    assert "building LightSpec's CPU kernels (first run" in proc.stderr
