@@ -4,7 +4,9 @@ names, misspelled hooks and per-step hook wrappers.
 Most tests replace stevedore's ``ExtensionManager`` with an in-process fake that behaves
 like it (it imports every entry point and reports import errors through
 ``on_load_failure_callback``), so they are fast and isolated from what is installed.
-The ``real_*`` tests go through real stevedore discovery of distributions on sys.path.
+The ``real_*`` tests go through real stevedore discovery of distributions on sys.path
+(``tests/fault_plugins`` among them).  One file for every loading case (over 400 lines):
+they share the fake stevedore and its fixtures.
 """
 
 from __future__ import annotations

@@ -124,6 +124,9 @@ def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
             f"{what} did not finish within {limit:.3g} s ({cmd[0]!r}; the build budget is {budget:g} s in all, "
             "LIGHTSPEC_KERNEL_BUILD_TIMEOUT)"
         )) from None
+    except BaseException:  # Ctrl-C: the call's own session does not get the SIGINT
+        _kill(proc)
+        raise
     finally:
         _state.spent_s += time.monotonic() - start
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

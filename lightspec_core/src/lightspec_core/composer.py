@@ -23,6 +23,7 @@ YAML (read with ``safe_yaml.load``: ``yaml.safe_load`` with limits)::
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -258,15 +259,6 @@ class StrategyCycleError(ConfigError):
     each enclosing combination's message."""
 
 
-def _short(value: Any) -> str:
-    """A bounded ``repr`` for error messages (a spec may be large or refer to itself)."""
-    import reprlib
-
-    r = reprlib.Repr()
-    r.maxlevel, r.maxlist, r.maxdict, r.maxstring, r.maxother = 3, 8, 8, 80, 80
-    return r.repr(value)
-
-
 def build_strategy(spec: Any, registry, defined: dict[str, dict] | None = None, where: str = "strategy",
                    _chain: tuple[str, ...] = (), _depth: int = 0) -> Any:
     """Build a strategy object from a name, or a mapping ``{type|name: ..., options...}``.
@@ -288,19 +280,19 @@ def build_strategy(spec: Any, registry, defined: dict[str, dict] | None = None, 
                                   _depth=_depth + 1)
         return registry.create("strategy", spec)
     if not isinstance(spec, dict):
-        raise ConfigError(f"{where}: expected a strategy name or a mapping, got {type(spec).__name__} {_short(spec)}")
+        raise ConfigError(f"{where}: expected a strategy name or a mapping, got {type(spec).__name__} {_short_repr(spec)}")
     spec = dict(spec)
     name = spec.pop("name", None)
     stype = spec.pop("type", None) or name
     if stype is None:
         raise ConfigError(f"{where}: each strategy needs 'type' (or 'name' of a registered strategy)")
     if not isinstance(stype, str):
-        raise ConfigError(f"{where}: key 'type' must be a strategy name (a string), got {_short(stype)}")
+        raise ConfigError(f"{where}: key 'type' must be a strategy name (a string), got {_short_repr(stype)}")
     if stype == "combination":
         kind = spec.pop("kind", "switch")
         comps = spec.pop("components", None)
         if not isinstance(comps, list):
-            raise ConfigError(f"{where}: key 'components' must be a list of strategy names or mappings, got {_short(comps)}")
+            raise ConfigError(f"{where}: key 'components' must be a list of strategy names or mappings, got {_short_repr(comps)}")
         threshold = spec.pop("switch_threshold", 0.5)
         spec.pop("budget", None)
         if spec:
@@ -308,9 +300,9 @@ def build_strategy(spec: Any, registry, defined: dict[str, dict] | None = None, 
                 f"{where}: unknown key {sorted(map(str, spec))[0]!r}; allowed: name, type, kind, components, switch_threshold, budget"
             )
         if kind not in COMBINATION_KINDS:
-            raise ConfigError(f"{where}: key 'kind' is {_short(kind)}; allowed: {', '.join(COMBINATION_KINDS)}")
+            raise ConfigError(f"{where}: key 'kind' is {_short_repr(kind)}; allowed: {', '.join(COMBINATION_KINDS)}")
         if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 <= threshold <= 1:
-            raise ConfigError(f"{where}: key 'switch_threshold' is {_short(threshold)}; allowed: a number in [0, 1]")
+            raise ConfigError(f"{where}: key 'switch_threshold' is {_short_repr(threshold)}; allowed: a number in [0, 1]")
         built = []
         for i, c in enumerate(comps):
             try:
@@ -319,7 +311,7 @@ def build_strategy(spec: Any, registry, defined: dict[str, dict] | None = None, 
             except StrategyCycleError:
                 raise
             except LightSpecError as exc:
-                raise ConfigError(f"{where}: key 'components' item {i} ({_short(c)}): {exc}") from None
+                raise ConfigError(f"{where}: key 'components' item {i} ({_short_repr(c)}): {exc}") from None
         fusion_name = FUSION_FOR_KIND[kind]
         try:
             fusion = registry.create("fusion", fusion_name)
@@ -342,6 +334,9 @@ def build_strategy(spec: Any, registry, defined: dict[str, dict] | None = None, 
     except LightSpecError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     return obj
+
+
+_short_repr = reprlib.repr  # bounded: a spec may be large or contain itself
 
 
 def _shadows_registered(name: str, chain: tuple[str, ...], registry) -> bool:
@@ -388,7 +383,7 @@ def load_strategy_file(path: str | Path, registry) -> tuple[Any, dict | str | No
         defined[entry["name"]] = entry
     default = data.get("default", data["strategies"][-1]["name"])
     if not isinstance(default, str) or default not in defined:
-        raise ConfigError(f"{path}: key 'default' is {_short(default)}; allowed: {', '.join(defined)}")
+        raise ConfigError(f"{path}: key 'default' is {_short_repr(default)}; allowed: {', '.join(defined)}")
     entry = defined[default]
     try:
         strategy = build_strategy(entry, registry, defined, where=f"{path}: strategy {default!r}", _chain=(default,))
