@@ -4,13 +4,16 @@ names, misspelled hooks and per-step hook wrappers.
 Most tests replace stevedore's ``ExtensionManager`` with an in-process fake that behaves
 like it (it imports every entry point and reports import errors through
 ``on_load_failure_callback``), so they are fast and isolated from what is installed.
-The ``real_*`` tests go through real stevedore discovery of distributions on sys.path.
+The ``real_*`` tests go through real stevedore discovery of distributions on sys.path
+(``tests/fault_plugins`` among them).  One file for every loading case (over 400 lines):
+they share the fake stevedore and its fixtures.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import textwrap
 import types
 from types import SimpleNamespace
@@ -59,7 +62,9 @@ def entry_point(name: str, dist: str):
 class FakeManager:
     """Stands in for stevedore's (Named)ExtensionManager over ``FakeManager.available``:
     a list of (entry-point name, distribution, loader); a loader returns the plugin
-    object or raises like a failing import."""
+    object or raises like a failing import.  Like stevedore, it loads each plugin through
+    ``_load_one_plugin`` and hands only ``Exception``s (not ``KeyboardInterrupt`` nor
+    ``AssertionError``) to ``on_load_failure_callback``: anything else escapes."""
 
     available: list = []
     created = 0
@@ -70,19 +75,26 @@ class FakeManager:
         assert namespace == NS
         type(self).created += 1
         self.extensions = []
-        for name, dist, loader in self.available:
+        loaders = {name: loader for name, _, loader in self.available}
+        for name, dist, _ in self.available:
             if names is not None and name not in names:
                 continue
             ep = entry_point(name, dist)
-            type(self).imported.append(name)
+            ep.load = loaders[name]
             try:
-                obj = loader()
+                ext = self._load_one_plugin(ep, invoke_on_load, (), {})
+            except (KeyboardInterrupt, AssertionError):
+                raise
             except Exception as exc:
                 if on_load_failure_callback is None:
                     raise
                 on_load_failure_callback(self, ep, exc)
                 continue
-            self.extensions.append(SimpleNamespace(name=name, entry_point=ep, plugin=obj, obj=None))
+            self.extensions.append(ext)
+
+    def _load_one_plugin(self, ep, invoke_on_load, invoke_args, invoke_kwds):
+        type(self).imported.append(ep.name)
+        return SimpleNamespace(name=ep.name, entry_point=ep, plugin=ep.load(), obj=None)
 
 
 @pytest.fixture
@@ -454,3 +466,205 @@ def test_real_discovery_allow_list_skips_other_distributions(real_site, monkeypa
     import os
 
     assert "LSDEMO_BROKEN_IMPORTED" not in os.environ
+
+
+# --- BaseException from a plugin (SystemExit, GeneratorExit, AssertionError) ------------
+
+
+def raising(name, exc):
+    """A plugin whose import raises ``exc`` (any BaseException)."""
+
+    def loader():
+        raise exc
+
+    return (name, f"lightspec-{name}", loader)
+
+
+BASE_EXCEPTIONS = {"SystemExit0": SystemExit(0), "SystemExit3": SystemExit(3), "GeneratorExit": GeneratorExit(),
+                   "AssertionError": AssertionError("assert at import")}
+
+
+@pytest.mark.parametrize("exc", list(BASE_EXCEPTIONS.values()), ids=list(BASE_EXCEPTIONS))
+def test_base_exception_at_import_is_reported_and_skipped(fake_plugins, caplog, exc):
+    """stevedore passes only Exceptions to the failure callback (and re-raises
+    AssertionError); the loader reports these like any failure and goes on."""
+    fake_plugins(raising("exiting", exc), good("alpha", strategies=("alpha_s",)))
+    with caplog.at_level(logging.WARNING, logger="lightspec.plugins"):
+        reg = get_registry(reload=True)
+    assert "exiting" not in reg.plugins
+    assert "alpha" in reg.plugins and "alpha_s" in reg.names("strategy")  # the next plugin still loaded
+    [f] = reg.failures
+    assert (f.name, f.distribution) == ("exiting", "lightspec-exiting")
+    assert f.error.startswith(f"{type(exc).__name__}: {exc}")
+    if not isinstance(exc, Exception):
+        assert "must not raise" in f.error
+    assert any("exiting" in r.getMessage() and "skipped" in r.getMessage() for r in caplog.records)
+
+
+def test_keyboard_interrupt_at_import_is_not_swallowed(fake_plugins):
+    fake_plugins(raising("ctrl_c", KeyboardInterrupt()), good("alpha"))
+    with pytest.raises(KeyboardInterrupt):
+        get_registry(reload=True)
+
+
+def test_system_exit_in_registration_is_rolled_back(fake_plugins):
+    @hookimpl
+    def lightspec_register_strategies(register):
+        register("half_done", Strategy)
+        raise SystemExit(0)
+
+    mod = types.ModuleType("quitter_mod")
+    mod.lightspec_register_strategies = lightspec_register_strategies
+    fake_plugins(("quitter", "lightspec-quitter", lambda: mod), good("alpha", strategies=("alpha_s",)))
+    reg = get_registry(reload=True)
+    assert "quitter" not in reg.plugins and reg.pm.get_plugin("quitter") is None
+    assert "half_done" not in reg.names("strategy") and "alpha_s" in reg.names("strategy")
+    assert reg.failures[0].error.startswith("SystemExit: 0")
+
+
+def test_strict_mode_makes_system_exit_at_import_fatal(fake_plugins):
+    fake_plugins(good("alpha"), raising("exiting", SystemExit(0)))
+    with pytest.raises(PluginError) as err:
+        get_registry(reload=True, strict=True)
+    msg = str(err.value)
+    assert "\n" not in msg
+    for part in ("'exiting'", "lightspec-exiting", "SystemExit", "strict"):
+        assert part in msg
+
+
+def test_allow_listed_plugin_failing_is_reported_once(fake_plugins, monkeypatch):
+    """An allow-listed plugin whose import fails is one failure (not also 'no installed plugin')."""
+    fake_plugins(raising("exiting", SystemExit(0)))
+    monkeypatch.setenv("LIGHTSPEC_PLUGINS", "exiting")
+    reg = get_registry(reload=True)
+    assert [f.name for f in reg.failures] == ["exiting"] and "SystemExit" in reg.failures[0].error
+
+
+def test_cli_plugins_json_lists_a_system_exit_failure(fake_plugins, monkeypatch, capsys):
+    fake_plugins(raising("exiting", SystemExit(0)), good("alpha", strategies=("alpha_s",)))
+    rc, cap = _cli_main(monkeypatch, capsys, ["plugins", "--json"])
+    assert rc == 0, cap.err
+    data = json.loads(cap.out)
+    assert "alpha" in {p["name"] for p in data["plugins"]}
+    [f] = data["failures"]
+    assert f["name"] == "exiting" and f["error"].startswith("SystemExit: 0")
+
+
+# --- the real fault-injection distributions (tests/fault_plugins) -------------------------
+
+
+@pytest.fixture
+def fault(monkeypatch):
+    """``fault(*which)``: the tests/fault_plugins distributions on sys.path, ``which`` of
+    them allow-listed; stevedore's caches are emptied afterwards."""
+    from fault_plugins import use_fault_plugins
+    from helpers import forget_discovered_plugins
+
+    yield lambda *which, **kw: use_fault_plugins(monkeypatch, *which, **kw)
+    forget_discovered_plugins()
+
+
+@pytest.mark.parametrize("raises", ["SystemExit", "GeneratorExit"])
+def test_real_plugin_exiting_at_import_is_reported_and_skipped(fault, monkeypatch, raises):
+    fault("import", "drafters")
+    monkeypatch.setenv("LIGHTSPEC_FAULT_IMPORT_RAISES", raises)
+    reg = get_registry(reload=True)
+    [f] = reg.failures
+    assert (f.name, f.distribution, f.entry_point) == ("fault_import", "lightspec-fault-import",
+                                                       "lightspec_fault_import.plugin")
+    assert f.error.startswith(raises) and "must not raise" in f.error
+    assert "fault_drafters" in reg.plugins and "raises_midway" in reg.names("strategy")
+
+
+def test_real_plugin_exiting_at_import_with_strict_mode_fails_clearly(fault):
+    fault("import", "drafters")
+    with pytest.raises(PluginError) as err:
+        get_registry(reload=True, strict=True)
+    msg = str(err.value)
+    assert "\n" not in msg
+    for part in ("'fault_import'", "lightspec-fault-import", "SystemExit", "strict"):
+        assert part in msg
+
+
+def test_real_plugins_json_lists_the_exit_at_import(fault, monkeypatch, capsys):
+    fault("import", "drafters")
+    rc, cap = _cli_main(monkeypatch, capsys, ["plugins", "--json"])
+    assert rc == 0, cap.err
+    data = json.loads(cap.out)
+    assert "fault_drafters" in {p["name"] for p in data["plugins"]}
+    [f] = data["failures"]
+    assert f["name"] == "fault_import" and f["distribution"] == "lightspec-fault-import"
+    assert f["error"].startswith("SystemExit: 0")
+
+
+def test_real_strict_cli_with_a_plugin_exiting_at_import_is_one_error_line(fault, monkeypatch, capsys):
+    fault("import")
+    rc, cap = _cli_main(monkeypatch, capsys, ["--strict-plugins", "plugins"])
+    assert rc == 2
+    lines = cap.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "fault_import" in lines[0]
+    assert "SystemExit" in lines[0] and "Traceback" not in cap.err + cap.out
+
+
+def test_real_run_with_a_plugin_exiting_at_import_still_generates(tmp_path):
+    """The issue's case, end to end in a fresh interpreter: before the fix `lightspec run`
+    exited 0 here without printing anything."""
+    import subprocess
+    import sys
+
+    from fault_plugins import fault_env
+    from helpers import save_tiny
+
+    model = save_tiny(tmp_path / "tiny")
+    proc = subprocess.run(
+        [sys.executable, "-m", "lightspec_core.cli", "run", "--model", str(model), "--strategy", "none",
+         "--prompt", "one two three", "--max-new-tokens", "4", "--json"],
+        capture_output=True, text=True, env=fault_env("import", allow_list=False), timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    [result] = json.loads(proc.stdout)
+    assert result["token_ids"] and result["finish_reason"]
+    assert "fault_import" in proc.stderr and "SystemExit" in proc.stderr and "skipped" in proc.stderr
+
+
+# --- `lightspec plugins` reports the CPU kernels ------------------------------------------
+
+
+def test_plugins_json_reports_cpu_kernels(fake_plugins, monkeypatch, capsys):
+    from lightspec_kernels import _cpu_build
+
+    fake_plugins()
+    rc, cap = _cli_main(monkeypatch, capsys, ["plugins", "--json"])
+    assert rc == 0, cap.err
+    kernels = json.loads(cap.out)["cpu_kernels"]
+    expected = _cpu_build.status()
+    assert kernels == expected and kernels["on"] == (kernels["reason"] is None)
+    rc, cap = _cli_main(monkeypatch, capsys, ["plugins"])
+    assert ("cpu kernels: on" if expected["on"] else f"cpu kernels: off ({expected['reason']})") in cap.out
+
+
+def test_plugins_json_reports_cpu_kernels_off_with_a_hanging_compiler(tmp_path):
+    """A compiler that never finishes: `lightspec plugins --json` still answers, with the
+    kernels off and why (a fresh interpreter and cache, so that this process's kernels are
+    untouched)."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the CPU kernels are x86-64 only: there is no build to hang")
+    cc = tmp_path / "slowcc"
+    cc.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo slowcc; exit 0; fi\nexec sleep 600\n')
+    cc.chmod(0o755)
+    env = dict(os.environ, CC=str(cc), LIGHTSPEC_CACHE_DIR=str(tmp_path / "cache"), LIGHTSPEC_KERNEL_BUILD_TIMEOUT="2",
+               LIGHTSPEC_PLUGINS="")
+    env.pop("LIGHTSPEC_CPU_KERNEL", None)
+    proc = subprocess.run([sys.executable, "-m", "lightspec_core.cli", "plugins", "--json"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    kernels = json.loads(proc.stdout)["cpu_kernels"]
+    assert kernels["on"] is False and kernels["reason"].startswith("gave up building the CPU kernels")
+    assert kernels["cache_dir"] == str(tmp_path / "cache")
+    assert [ln for ln in proc.stderr.splitlines() if "CPU kernels are off" in ln] == [
+        f"LightSpec's CPU kernels are off: {kernels['reason']}; PyTorch's operations run instead"]
+    assert "building LightSpec's CPU kernels (first run" in proc.stderr

@@ -236,8 +236,9 @@ def _summary_line(strategy: str, s) -> str:
 @cli.command()
 @click.option("--json", "as_json", is_flag=True)
 def plugins(as_json):
-    """List loaded plugins and the plugins that failed to load."""
+    """List loaded plugins, the plugins that failed to load, and whether the CPU kernels run."""
     reg = _registry()
+    kernels = _cpu_kernels_status()
     rows = [
         {"name": p.name, "distribution": p.distribution, "version": p.version, "hooks": p.hooks,
          "strategies": [c.split(":", 1)[1] for c in p.components if c.startswith("strategy:")],
@@ -246,13 +247,24 @@ def plugins(as_json):
     ]
     failures = [f.__dict__ for f in reg.failures]
     if as_json:
-        click.echo(json.dumps({"plugins": rows, "failures": failures}, indent=2))
+        click.echo(json.dumps({"plugins": rows, "failures": failures, "cpu_kernels": kernels}, indent=2))
         return
     for r in rows:
         click.echo(f"{r['name']:<12} {r['distribution']:<28} {r['version']:<10} hooks: {', '.join(r['hooks'])}")
         click.echo(f"{'':<12} strategies: {', '.join(r['strategies']) or '-'}")
+    click.echo(f"cpu kernels: {'on' if kernels['on'] else 'off (' + str(kernels['reason']) + ')'}")
     for f in reg.failures:
         click.echo(f"FAILED {f}", err=True)
+
+
+def _cpu_kernels_status() -> dict:
+    """``{"on": bool, "reason": str | None, "cache_dir": str}`` for LightSpec's CPU kernels
+    (built here if they are not cached yet)."""
+    try:
+        from lightspec_kernels import _cpu_build
+    except ImportError as exc:
+        return {"on": False, "reason": f"lightspec-kernels cannot be imported: {exc}", "cache_dir": None}
+    return _cpu_build.status()
 
 
 @cli.command()

@@ -4,7 +4,9 @@ Plugins are distributions that declare an entry point in the ``lightspec.plugins
 namespace; the object it points at (usually a module) implements hooks from
 ``hookspecs.py``.  The core's built-in components are registered by the same hooks
 (``lightspec_core.builtins``).  A plugin that fails to import or register is reported
-and skipped, unless strict mode is on.
+and skipped, unless strict mode is on.  "Fails" includes ``BaseException``s other than
+``KeyboardInterrupt`` (a plugin module calling ``sys.exit()`` or raising ``GeneratorExit``
+at import): stevedore itself catches only ``Exception`` while loading.
 """
 
 from __future__ import annotations
@@ -166,24 +168,28 @@ class PluginRegistry:
         from stevedore import ExtensionManager, NamedExtensionManager
 
         def on_failure(manager, entry_point, exc):
-            self._fail(entry_point, exc, strict)
+            self._fail(entry_point, exc.original if isinstance(exc, _ImportFailed) else exc, strict)
 
         ExtensionManager.ENTRY_POINT_CACHE.pop(NAMESPACE, None)  # see plugins installed since the last look
         common = dict(invoke_on_load=False, on_load_failure_callback=on_failure, verify_requirements=False)
         if allow is None:
-            manager = ExtensionManager(namespace=NAMESPACE, **common)
-        else:  # import only the allowed plugins
-            manager = NamedExtensionManager(namespace=NAMESPACE, names=allow, name_order=True, **common)
+            manager = _tolerant(ExtensionManager)(namespace=NAMESPACE, **common)
+        else:  # import only the allowed plugins; a missing or failed one is reported below, not by stevedore
+            manager = _tolerant(NamedExtensionManager)(namespace=NAMESPACE, names=allow, name_order=True,
+                                                       warn_on_missing_entrypoint=False, **common)
         found = set()
         for ext in manager.extensions:
             found.add(ext.name)
             dist_name, version = _distribution(ext.entry_point)
             try:
                 self.add_plugin(ext.plugin, ext.name, dist_name, version)
-            except Exception as exc:  # a broken plugin never crashes the core
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # a broken plugin never crashes the core, nor ends the process
                 self._fail(ext.entry_point, exc, strict)
+        failed = {f.name for f in self.failures}
         for name in allow or []:
-            if name not in found and name not in self.plugins:
+            if name not in found and name not in self.plugins and name not in failed:  # not already reported
                 msg = f"LIGHTSPEC_PLUGINS names {name!r}, but no installed plugin has that entry point name"
                 if strict:
                     raise PluginError(msg)
@@ -195,7 +201,7 @@ class PluginRegistry:
             name=getattr(entry_point, "name", str(entry_point)),
             distribution=_distribution(entry_point)[0],
             entry_point=getattr(entry_point, "value", str(entry_point)),
-            error=f"{type(exc).__name__}: {exc}",
+            error=describe_failure(exc),
         )
         if strict:
             raise PluginError(f"{failure} (strict plugin loading is on)") from exc
@@ -229,6 +235,45 @@ class PluginRegistry:
             except AttributeError:
                 pass
         return obj
+
+
+class _ImportFailed(Exception):
+    """Carries a ``BaseException`` raised while importing a plugin through stevedore,
+    which passes only ``Exception``s to the failure callback."""
+
+    def __init__(self, original: BaseException):
+        super().__init__(describe_failure(original))
+        self.original = original
+
+
+def _tolerant(manager_cls: type) -> type:
+    """A subclass of the stevedore manager ``manager_cls`` whose per-plugin load turns every
+    ``BaseException`` but ``KeyboardInterrupt`` into an ``Exception`` (``_ImportFailed``),
+    so stevedore reports it to the failure callback and goes on with the next plugin
+    instead of letting ``SystemExit`` (or ``AssertionError``, which it re-raises) end the
+    process.  Discovery and loading stay stevedore's."""
+
+    class Tolerant(manager_cls):
+        def _load_one_plugin(self, ep, *args, **kwargs):
+            try:
+                return super()._load_one_plugin(ep, *args, **kwargs)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:
+                raise _ImportFailed(exc) from exc
+
+    Tolerant.__name__ = Tolerant.__qualname__ = f"Tolerant{manager_cls.__name__}"
+    return Tolerant
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line for a plugin failure: ``"Type: message"``; for a ``BaseException`` that is
+    not an ``Exception`` (``SystemExit``, ``GeneratorExit``) it also says what it would
+    have done had it not been caught."""
+    text = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, Exception):
+        text += f" (a plugin must not raise {type(exc).__name__}: it would have ended the process)"
+    return text
 
 
 def _distribution(entry_point) -> tuple[str, str]:
