@@ -25,7 +25,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .engine_parts import Batch, FailureLog, Profiler, Row, StepOutput, check_proposal, check_result
+from .errors import InvalidValueError
 from .interfaces import Budget, DraftProposal, StepContext, VerifyResult
+from .limits import context_length
 from .runner import TargetOutput, TargetRunner
 from .sampling import SamplingParams, make_generator
 from .stats import StepStats
@@ -76,12 +78,24 @@ class Engine:
         for reset in self.bound.resets:
             reset()
         self.failures.start()
+        try:
+            yield from self._generate(prompts, max_new_tokens, sampling, seeds, stop, eos_ids, on_prefill)
+        finally:  # also when the caller stops early (a closed stream)
+            self.failures.finish()
+
+    def _generate(self, prompts, max_new_tokens, sampling, seeds, stop, eos_ids, on_prefill):
+        context = context_length(self.target)
+        if context is not None and max(map(len, prompts)) >= context:
+            raise InvalidValueError(f"a prompt has {max(map(len, prompts))} tokens; this model's context is {context} "
+                                    f"tokens: shorten it")
         rows = [Row(i, list(p), len(p), m, stop, s if s is not None else int(torch.randint(0, 2**62, (1,))),
-                    make_generator(0, self.device), make_generator(0, self.device))
+                    make_generator(0, self.device), make_generator(0, self.device), context=context)
                 for i, (p, m, s) in enumerate(zip(prompts, max_new_tokens, seeds))]
         batch = Batch(rows, sampling, deterministic=all(s is not None for s in seeds) and not sampling.greedy)
         # the cache grows on demand: start with room for the prompts and a first stretch of output
-        self.runner.start(len(rows), capacity=max(map(len, prompts)) + min(max(max_new_tokens), 256) + 32)
+        longest = max(map(len, prompts))
+        room = min(max(max_new_tokens), 256, (context - longest) if context is not None else 256)
+        self.runner.start(len(rows), capacity=longest + room + 32)
         prof = self.profiler.start()
         out = self.runner.prefill(prompts)
         batch.seed_generators(stream=0)
@@ -99,7 +113,6 @@ class Engine:
         while batch.active:
             yield self.step(batch, eos_ids)
             self._drop_finished(batch)
-        self.failures.finish()
 
     def step(self, batch: Batch, eos_ids: set[int]) -> list[StepOutput]:
         """One decode step for the batch's active rows: prepare → budget → draft → verify
@@ -260,6 +273,8 @@ class Engine:
                 sink(event=event)
             except Exception as exc:
                 self.failures.record_sink(i, exc)
+            else:
+                self.failures.sink_succeeded(i)
 
     def _drop_finished(self, batch: Batch) -> None:
         keep = batch.drop_finished()

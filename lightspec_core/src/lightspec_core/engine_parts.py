@@ -56,13 +56,15 @@ class Row:
     seed: int
     verify_gen: torch.Generator
     draft_gen: torch.Generator
+    context: int | None = None  # the target's context length: the row stops there
     generated: int = 0
     finish_reason: str | None = None
     history: RowHistory = field(default_factory=RowHistory)
 
     def room(self) -> int:
-        """Tokens this row may still emit."""
-        return self.max_new - self.generated
+        """Tokens this row may still emit (``max_new``, and the target's context length)."""
+        left = self.max_new - self.generated
+        return left if self.context is None else min(left, self.context - len(self.tokens))
 
 
 class Batch:
@@ -107,7 +109,7 @@ class Batch:
             if row.stop and _hits_stop(row, tokenizer):
                 row.finish_reason = "stop"
                 break
-            if row.generated >= row.max_new:
+            if row.generated >= row.max_new or (row.context is not None and len(row.tokens) >= row.context):
                 row.finish_reason = "length"
                 break
         return StepOutput(row.request, kept, row.finish_reason)
@@ -295,13 +297,12 @@ def _untrusted_rows(p: DraftProposal, lens: list[int], vocab: int) -> list[str]:
     row_ok = (ok | ~real).all(-1).tolist()
     if all(row_ok):
         return []
-    problems = []
-    for b, good in enumerate(row_ok):
-        if not good:
-            j = int((~ok[b] & real[b]).nonzero()[0])
-            problems.append(f"row {b} node {j}: draft probability of the proposed token "
-                            f"{float(at_token[b, j]):.3g} (values must be finite, >= 0, sum to 1, and >= "
-                            f"{MIN_DRAFT_PROB:g} at the proposed token)")
+    bad = [b for b, good in enumerate(row_ok) if not good]
+    b = bad[0]
+    j = int((~ok[b] & real[b]).nonzero()[0])
+    problems = [f"{len(bad)} of {len(row_ok)} rows' draft probabilities cannot be used (row {b} node {j}: "
+                f"probability {float(at_token[b, j]):.3g} at the proposed token; they must be finite, >= 0, sum "
+                f"to 1, and >= {MIN_DRAFT_PROB:g} at the proposed token): those rows decode plainly"]
     keep = torch.tensor(row_ok, device=p.lengths.device)
     p.lengths = torch.where(keep, p.lengths, 0)
     p.forget_rows()
@@ -340,10 +341,12 @@ def check_result(result: VerifyResult, p: DraftProposal, vocab: int
 
 
 class FailureLog:
-    """Failures of a generation's components: the first of each stage is logged as a
-    warning, later ones are counted (debug log) and summed up once when the generation ends.
-    Consecutive drafting failures back off: after the n-th in a row, the next 2^(n-1) - 1
-    steps (at most 63) decode plainly without asking the strategy."""
+    """Failures of a generation's components, said once: each is logged at debug level when
+    it happens and recorded in that step's statistics (``StepStats.failure``); when the
+    generation ends, one warning per failing component gives the count and the first error.
+    Consecutive drafting failures back off: after the n-th in a row, the next
+    2^(n-1) - 1 steps (at most 63) decode plainly without asking the strategy.  A sink that
+    raises backs off the same way (it misses those events)."""
 
     def __init__(self, strategy: str, sink_names: list[str]):
         self.strategy, self.sink_names = strategy, sink_names
@@ -360,15 +363,11 @@ class FailureLog:
 
     def record(self, stage: str, exc: BaseException | str, step: int) -> None:
         msg = exc if isinstance(exc, str) else f"{type(exc).__name__}: {exc}"
-        msg = f"{stage} failed: {msg}"
-        self.counts[stage] = self.counts.get(stage, 0) + 1
-        self.last = (step, msg)
-        if stage not in self.first:
-            self.first[stage] = msg
-            log.warning("strategy %r %s; that step decodes plainly (further failures are counted and reported "
-                        "when the generation ends)", self.strategy, msg)
-        else:
-            log.debug("strategy %r %s", self.strategy, msg)
+        key = f"strategy {self.strategy!r} {stage}"
+        self.counts[key] = self.counts.get(key, 0) + 1
+        self.first.setdefault(key, msg)
+        self.last = (step, f"{stage} failed: {msg}")
+        log.debug("%s failed at step %d: %s; that step decodes plainly", key, step, msg)
         if stage in ("propose", "budget"):
             self.streak += 1
             self.skip = min(2 ** (self.streak - 1) - 1, 63)
@@ -389,12 +388,10 @@ class FailureLog:
 
     def record_sink(self, i: int, exc: BaseException) -> None:
         name = self.sink_names[i] if i < len(self.sink_names) else f"sink {i}"
-        key = f"sink {name}"
+        key = f"statistics sink {name}"
         self.counts[key] = self.counts.get(key, 0) + 1
-        if key not in self.first:
-            self.first[key] = f"{type(exc).__name__}: {exc}"
-            log.warning("statistics sink %s failed: %s; the generation goes on without it for a while (failures "
-                        "are counted and reported when the generation ends)", name, self.first[key])
+        self.first.setdefault(key, f"{type(exc).__name__}: {exc}")
+        log.debug("%s failed: %s: %s", key, type(exc).__name__, exc)
         n = self.sink_streak[i] = self.sink_streak.get(i, 0) + 1
         self.sink_skip[i] = min(2 ** (n - 1) - 1, 63)
 
@@ -405,13 +402,15 @@ class FailureLog:
             return True
         return False
 
+    def sink_succeeded(self, i: int) -> None:
+        self.sink_streak.pop(i, None)
+
     def finish(self) -> None:
-        """Report what failed more than once in this generation, once."""
+        """Say once per failing component what failed in this generation, how often."""
         for key, n in self.counts.items():
-            if n > 1:
-                what = key if key.startswith("sink") else f"strategy {self.strategy!r} {key}"
-                log.warning("%s failed %d times in this generation (first: %s); those steps decoded plainly and "
-                            "the output is unaffected", what, n, self.first[key])
+            then = "those steps decoded plainly" if key.startswith("strategy") else "it missed those events"
+            log.warning("%s failed %d time%s in this generation (first: %s); %s, the output is the target's own",
+                        key, n, "" if n == 1 else "s", self.first[key], then)
 
 
 class Profiler:
