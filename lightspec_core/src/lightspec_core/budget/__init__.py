@@ -4,7 +4,8 @@ Built-in policies (registered in ``builtins.py``; each implements ``lightspec_bu
 -> Budget`` and learns from ``lightspec_on_stats(event)``):
 
 * ``static`` (``StaticBudget``): always k tokens;
-* ``dynamic`` (``DynamicBudget``, the default): the cost-aware draft length.
+* ``dynamic`` (``DynamicBudget``, the default): the cost-aware draft length;
+* ``feedback`` (``FeedbackBudget``): B_{t+1} = alpha B_t + beta T_actual / T_target.
 
 Modules, one job each: ``acceptance`` (acceptance and hit-rate estimates), ``gate`` (the
 per-row confidence threshold), ``costs`` (verify, draft, catch-up and overhead costs),
@@ -15,6 +16,7 @@ measurements behind the rules: ``docs/design/budget.md``.
 
 from .costs import SETUP_HORIZON
 from .dynamic import BATCH_CALIBRATION, MAX_RECHECK, PLAIN_REFRESH, RECHECK, DynamicBudget
+from .feedback import FeedbackBudget
 from .static import StaticBudget
 from .windows import ForwardWindow, MedianWindow
 
@@ -25,6 +27,7 @@ __all__ = [
     "RECHECK",
     "SETUP_HORIZON",
     "DynamicBudget",
+    "FeedbackBudget",
     "ForwardWindow",
     "MedianWindow",
     "StaticBudget",
