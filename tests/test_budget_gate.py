@@ -15,6 +15,11 @@ from lightspec_core.stats import StepStats
 from test_budget import T1, ctx, history, step
 
 
+def grid(tau: float) -> float:
+    """``tau`` on the gate's 0.05 grid."""
+    return round(tau / 0.05) * 0.05
+
+
 def verify(drafted, accepted, confidence=None, entropy=None, rows=None) -> StepStats:
     """One step of len(drafted) rows (request ids 0..B-1 unless ``rows``)."""
     B = len(drafted)
@@ -67,15 +72,29 @@ def test_peak_probability_puts_the_threshold_between_rejected_and_accepted_draft
 
 def test_entropy_gives_the_peak_probability_its_boundary_guarantees():
     gate = ConfidenceGate(window=16, base=0.3)
-    for i in range(8):  # accepted at entropy 0.2 nats, rejected at 1.8
+    for i in range(8):  # accepted at entropy 0.1 nats, rejected at 1.3
         ok = i % 2 == 0
-        gate.learn(verify([4], [3 if ok else 0], entropy=[0.2 if ok else 1.8]))
-    assert gate.thresholds([0]) == (pytest.approx(math.exp(-1.0)),)
+        gate.learn(verify([4], [3 if ok else 0], entropy=[0.1 if ok else 1.3]))
+    assert gate.thresholds([0]) == (pytest.approx(grid(math.exp(-0.7))),)  # 0.497 -> 0.5
     both = ConfidenceGate(window=16, base=0.3)
     for i in range(8):
         ok = i % 2 == 0
-        both.learn(verify([4], [3 if ok else 0], confidence=[0.9 if ok else 0.3], entropy=[0.2 if ok else 1.8]))
-    assert both.thresholds([0]) == (pytest.approx((0.6 + math.exp(-1.0)) / 2),)
+        both.learn(verify([4], [3 if ok else 0], confidence=[0.9 if ok else 0.3], entropy=[0.1 if ok else 1.3]))
+    assert both.thresholds([0]) == (pytest.approx(grid((0.6 + math.exp(-0.7)) / 2)),)  # 0.548 -> 0.55
+
+
+def test_the_boundary_moves_tau_only_by_more_than_one_grid_step():
+    """Noise in the window's means does not move the threshold (nor make new tensors)."""
+    gate = ConfidenceGate(window=4, base=0.3)
+    for conf in (0.9, 0.5, 0.9, 0.5):  # boundary 0.7
+        gate.learn(verify([2], [2 if conf > 0.6 else 0], confidence=[conf]))
+    assert gate.thresholds([0]) == (pytest.approx(0.7),)
+    for conf in (0.95, 0.5, 0.95, 0.5):  # boundary 0.725 -> 0.7 or 0.75: one step at most, tau stays
+        gate.learn(verify([2], [2 if conf > 0.6 else 0], confidence=[conf]))
+        assert gate.thresholds([0]) == (pytest.approx(0.7),)
+    for conf in (0.98, 0.62, 0.98, 0.62):  # boundary 0.8: two steps away, tau moves
+        gate.learn(verify([2], [2 if conf > 0.9 else 0], confidence=[conf]))
+    assert gate.thresholds([0]) == (pytest.approx(0.8),)
 
 
 def test_values_that_do_not_separate_the_classes_or_too_few_rejections_fall_back():
@@ -101,13 +120,13 @@ def test_the_window_slides_and_rows_are_kept_apart():
         ok = i % 2 == 0
         gate.learn(verify([2, 2], [2 if ok else 0, 2], confidence=[0.9 if ok else 0.5, None]))
     assert gate.thresholds([0, 1]) == (pytest.approx(0.7), pytest.approx(0.1))  # row 1: 4 full acceptances, 0.3 - 4 x 0.05
-    for i in range(4):  # the drafter got sharper: accepted at 0.95, rejected at 0.75
+    for i in range(4):  # the drafter got sharper: accepted at 0.98, rejected at 0.82
         ok = i % 2 == 0
-        gate.learn(verify([2, 2], [2 if ok else 0, 2], confidence=[0.95 if ok else 0.75, None]))
-    assert gate.thresholds([0]) == (pytest.approx(0.85),)  # the old verifies left the window
+        gate.learn(verify([2, 2], [2 if ok else 0, 2], confidence=[0.98 if ok else 0.82, None]))
+    assert gate.thresholds([0]) == (pytest.approx(0.9),)  # the old verifies left the window
     for _ in range(4):  # verifies without values push the samples out: back to the acceptance rule
         gate.learn(verify([2, 2], [2, 2], rows=[0, 1]))
-    assert gate.thresholds([0]) == (pytest.approx(0.85 - 0.05),)
+    assert gate.thresholds([0]) == (pytest.approx(0.9 - 0.05),)
     gate.new_generation()
     assert gate.thresholds([0, 1]) == (0.3, 0.3)
 

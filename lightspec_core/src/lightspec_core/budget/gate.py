@@ -21,7 +21,11 @@ The rule, per row after each verify:
      least -ln p (min-entropy <= Shannon entropy), so a token with p < exp(-h*) certainly
      has entropy above h*: stopping there stops only drafts past the entropy boundary.
 
-   tau is the mean of the candidates, clamped to [0.05, 0.9].  The threshold learnt on
+   The candidates' mean, rounded to a multiple of 0.05 (the acceptance rule's grid) and
+   clamped to [0.05, 0.9], becomes tau when it is more than one grid step away from the
+   current tau; otherwise tau stays.  (The means of a 16-verify window are noisy: without
+   the grid and the dead band, a batch's thresholds changed on nearly every step, and
+   the policy built a new ``min_confidence`` tensor each time.)  The threshold learnt on
    first tokens is applied at every draft position.
 2. Acceptance rule (no candidate: no confidence or entropy values, as with n-gram drafts,
    or not enough rejected or accepted verifies, or values that do not separate them).
@@ -39,44 +43,7 @@ from collections import deque
 
 MIN_CLASS_SAMPLES = 2  # verifies per class (accepted / rejected first token) before a feature counts
 TAU_MIN, TAU_MAX, TAU_STEP = 0.05, 0.9, 0.05
-
-
-class _Sums:
-    """Running counts and sums of p and h per class over a row's window (kept as samples
-    enter and leave, so that a step costs O(1) per row)."""
-
-    __slots__ = ("n_p", "s_p", "n_h", "s_h")
-
-    def __init__(self):
-        self.n_p = [0, 0]  # [rejected, accepted]
-        self.s_p = [0.0, 0.0]
-        self.n_h = [0, 0]
-        self.s_h = [0.0, 0.0]
-
-    def add(self, p: float | None, h: float | None, ok: int, sign: int) -> None:
-        if p is not None:
-            self.n_p[ok] += sign
-            self.s_p[ok] = self.s_p[ok] + sign * p if self.n_p[ok] else 0.0  # empty: exactly 0, no residue
-        if h is not None:
-            self.n_h[ok] += sign
-            self.s_h[ok] = self.s_h[ok] + sign * h if self.n_h[ok] else 0.0
-
-    def boundary(self) -> float | None:
-        """The boundary rule's tau, or None when no feature gives a candidate."""
-        cands = []
-        n, s = self.n_p, self.s_p
-        if n[0] >= MIN_CLASS_SAMPLES and n[1] >= MIN_CLASS_SAMPLES:
-            rej, acc = s[0] / n[0], s[1] / n[1]
-            if acc > rej:
-                cands.append(0.5 * (acc + rej))
-        n, s = self.n_h, self.s_h
-        if n[0] >= MIN_CLASS_SAMPLES and n[1] >= MIN_CLASS_SAMPLES:
-            rej, acc = s[0] / n[0], s[1] / n[1]
-            if rej > acc:
-                cands.append(math.exp(-0.5 * (acc + rej)))
-        if not cands:
-            return None
-        return min(TAU_MAX, max(TAU_MIN, sum(cands) / len(cands)))
+HYSTERESIS = TAU_STEP * 1.001  # the boundary rule moves tau only by more than one grid step
 
 
 class ConfidenceGate:
@@ -86,15 +53,16 @@ class ConfidenceGate:
         self.window = window
         self.base = base
         self.recent: dict[int, deque[float]] = {}  # request -> a / d of its last verifies
-        self.samples: dict[int, deque[tuple]] = {}  # request -> (p, h, accepted?) of its last verifies
-        self.sums: dict[int, _Sums] = {}
+        # request -> [n, sum of p] for rejected then accepted first tokens, then the same for
+        # h, then the deque of its last verifies' (p, h, accepted?): kept as samples enter
+        # and leave, so that a verify costs O(1) per row (the policy runs on every step)
+        self.stats: dict[int, list] = {}
         self.threshold: dict[int, float] = {}
 
     def new_generation(self) -> None:
         """Forget every row (request ids restart)."""
         self.recent.clear()
-        self.samples.clear()
-        self.sums.clear()
+        self.stats.clear()
         self.threshold.clear()
 
     def thresholds(self, row_ids: list[int]) -> tuple[float, ...]:
@@ -104,35 +72,61 @@ class ConfidenceGate:
 
     def learn(self, event) -> None:
         """Slide each drafting row's windows by this step's verify and move its tau."""
+        rows = event.row_ids
         confidence, entropy = event.confidence, event.entropy
-        for b, (rid, d, a) in enumerate(zip(event.row_ids, event.drafted, event.accepted)):
+        if len(confidence) != len(rows):
+            confidence = [None] * len(rows)
+        if len(entropy) != len(rows):
+            entropy = [None] * len(rows)
+        window, threshold = self.window, self.threshold
+        for rid, d, a, p, h in zip(rows, event.drafted, event.accepted, confidence, entropy):
             if d == 0:
                 continue
             win = self.recent.get(rid)
             if win is None:
-                win = self.recent[rid] = deque(maxlen=self.window)
+                win = self.recent[rid] = deque(maxlen=window)
             win.append(a / d)
-            p = confidence[b] if b < len(confidence) else None
-            h = entropy[b] if b < len(entropy) else None
-            sums = self.sums.get(rid)
-            if p is not None or h is not None or sums is not None:
-                if sums is None:
-                    sums = self.sums[rid] = _Sums()
-                    self.samples[rid] = deque()
-                samples = self.samples[rid]
-                if len(samples) == self.window:
-                    sums.add(*samples.popleft(), -1)
-                sample = (p, h, 1 if a >= 1 else 0)
-                samples.append(sample)
-                sums.add(*sample, 1)
-                tau = sums.boundary()
-                if tau is not None:
-                    self.threshold[rid] = tau
+            st = self.stats.get(rid)
+            if st is not None or p is not None or h is not None:
+                if st is None:
+                    st = self.stats[rid] = [0, 0.0, 0, 0.0, 0, 0.0, 0, 0.0, deque()]
+                samples = st[8]
+                if len(samples) == window:  # the oldest verify leaves (an emptied sum is exactly 0)
+                    op, oh, i = samples.popleft()
+                    if op is not None:
+                        st[i] -= 1
+                        st[i + 1] = st[i + 1] - op if st[i] else 0.0
+                    if oh is not None:
+                        st[i + 4] -= 1
+                        st[i + 5] = st[i + 5] - oh if st[i + 4] else 0.0
+                i = 2 if a >= 1 else 0  # accepted or rejected first token
+                samples.append((p, h, i))
+                if p is not None:
+                    st[i] += 1
+                    st[i + 1] += p
+                if h is not None:
+                    st[i + 4] += 1
+                    st[i + 5] += h
+                # the boundary rule: a candidate per feature that separates the classes
+                total, n = 0.0, 0
+                if st[0] >= MIN_CLASS_SAMPLES and st[2] >= MIN_CLASS_SAMPLES:
+                    rej, acc = st[1] / st[0], st[3] / st[2]
+                    if acc > rej:
+                        total, n = total + 0.5 * (acc + rej), n + 1
+                if st[4] >= MIN_CLASS_SAMPLES and st[6] >= MIN_CLASS_SAMPLES:
+                    rej, acc = st[5] / st[4], st[7] / st[6]
+                    if rej > acc:
+                        total, n = total + math.exp(-0.5 * (acc + rej)), n + 1
+                if n:
+                    tau = min(TAU_MAX, max(TAU_MIN, round(total / n / TAU_STEP) * TAU_STEP))
+                    old = threshold.get(rid, self.base)
+                    if abs(tau - old) > HYSTERESIS:
+                        threshold[rid] = tau
                     continue
-            rate = sum(win) / len(win)
-            tau = self.threshold.get(rid, self.base)
+            rate = sum(win) / len(win)  # the acceptance rule
+            tau = threshold.get(rid, self.base)
             if rate > 0.8:
                 tau = max(TAU_MIN, tau - TAU_STEP)
             elif rate < 0.5:
                 tau = min(TAU_MAX, tau + TAU_STEP)
-            self.threshold[rid] = tau
+            threshold[rid] = tau
