@@ -47,8 +47,8 @@ def calibrate(p: DynamicBudget, rows: int = 1) -> None:
 
     for _ in range(1 if rows == 1 else BATCH_CALIBRATION):
         p.lightspec_on_stats(plain(rows))
-    key = p._cost_key(rows)
-    p.verified_beta.setdefault(key, p.fits[key][1])
+    key = p.cost.key(rows)
+    p.cost.verified_beta.setdefault(key, p.cost.fits[key][1])
 
 
 def history(accepted: float, rejected: float) -> RowHistory:
@@ -79,7 +79,7 @@ def test_calibrates_with_a_plain_step_then_drafts_where_acceptance_is_high():
     good = [history(accepted=20, rejected=2)]
     assert k_of(p, good) == [0]  # no timing yet: one plain step to measure the target
     p.lightspec_on_stats(step(1, T1))
-    assert p.t1 == pytest.approx(T1)
+    assert p.cost.t1 == pytest.approx(T1)
     assert k_of(p, good)[0] >= 3
     assert k_of(p, [history(accepted=0, rejected=20)]) == [0]
 
@@ -91,9 +91,9 @@ def test_learns_the_verify_slope_and_the_draft_cost():
     for _ in range(40):
         # verify of 5 tokens costs 1.4 plain steps (beta 0.1); 4 draft tokens cost 0.4 of a step
         p.lightspec_on_stats(step(5, T1 * 1.4, drafted=(4,), accepted=(4,), draft_s=0.4 * T1))
-    assert p.beta == pytest.approx(0.1, abs=0.01)
-    assert p.draft_cost["draft_model"] == pytest.approx(0.1, abs=0.01)
-    assert p.t1 == pytest.approx(T1, rel=0.05)
+    assert p.cost.beta == pytest.approx(0.1, abs=0.01)
+    assert p.cost.draft_cost["draft_model"] == pytest.approx(0.1, abs=0.01)
+    assert p.cost.t1 == pytest.approx(T1, rel=0.05)
 
 
 def test_a_draft_costs_a_fixed_part_plus_a_part_per_token():
@@ -107,8 +107,8 @@ def test_a_draft_costs_a_fixed_part_plus_a_part_per_token():
     for i in range(16):
         k = 1 + i % 3
         p.lightspec_on_stats(step(k + 1, T1 * (1 + 0.1 * k), drafted=(k,), accepted=(k,), draft_s=(0.13 + 0.17 * k) * T1))
-    assert p.draft_fixed["draft_model"] == pytest.approx(0.13, abs=0.01)
-    assert p.draft_cost["draft_model"] == pytest.approx(0.17, abs=0.01)
+    assert p.cost.draft_fixed["draft_model"] == pytest.approx(0.13, abs=0.01)
+    assert p.cost.draft_cost["draft_model"] == pytest.approx(0.17, abs=0.01)
     row = [history(accepted=7, rejected=3)]  # acceptance 0.7
     per_token_only = DynamicBudget().best_k(row[0].acceptance(), 0.30, 0.1)  # a one-token draft's cost, all per token
     assert k_of(p, row)[0] > per_token_only >= 1
@@ -131,10 +131,10 @@ def test_a_cascade_prices_its_model_drafter_from_the_drafters_own_timing():
     p.lightspec_on_stats(mixed(2.0 * T1))  # its first step fills its cache: not a typical cost
     for _ in range(16):
         p.lightspec_on_stats(mixed(0.26 * T1))
-    assert p.draft_cost["draft_model"] == pytest.approx(0.26, abs=0.01)
-    assert "ngram" not in p.draft_cost  # measured only on steps where it drafts alone
+    assert p.cost.draft_cost["draft_model"] == pytest.approx(0.26, abs=0.01)
+    assert "ngram" not in p.cost.draft_cost  # measured only on steps where it drafts alone
     # the modelled cost of such a step charges the model drafter at its own draft length
-    assert p._modelled_cost(mixed(0.26 * T1)) == pytest.approx(1 + p.spec_overhead + 0.26 + p.beta * 1, abs=0.01)
+    assert p.cost.modelled_cost(mixed(0.26 * T1)) == pytest.approx(1 + p.cost.spec_overhead + 0.26 + p.cost.beta * 1, abs=0.01)
 
     # without the drafter's own timing a mixed step cannot be attributed and measures nothing
     q = DynamicBudget(guard=False)
@@ -143,7 +143,7 @@ def test_a_cascade_prices_its_model_drafter_from_the_drafters_own_timing():
         ev = mixed(0.26 * T1)
         ev.draft_by_source = {}
         q.lightspec_on_stats(ev)
-    assert q.draft_cost == {}
+    assert q.cost.draft_cost == {}
 
 
 def test_the_first_speculative_step_of_a_generation_is_not_charged_as_overhead():
@@ -159,12 +159,12 @@ def test_the_first_speculative_step_of_a_generation_is_not_charged_as_overhead()
     p = DynamicBudget(guard=False)
     p.lightspec_on_stats(step(1, T1, drafted=(0, 0), accepted=(0, 0)))
     p.lightspec_on_stats(spec(0.5 * T1))
-    assert p.spec_overhead == 0.0
+    assert p.cost.spec_overhead == 0.0
     p.lightspec_on_stats(spec(0.03 * T1))
-    assert p.spec_overhead == pytest.approx(0.03, abs=0.005)
+    assert p.cost.spec_overhead == pytest.approx(0.03, abs=0.005)
     p.reset()  # a new generation: its first speculative step is skipped again
     p.lightspec_on_stats(spec(0.5 * T1))
-    assert p.spec_overhead == pytest.approx(0.03, abs=0.005)
+    assert p.cost.spec_overhead == pytest.approx(0.03, abs=0.005)
 
 
 def test_one_slow_step_does_not_switch_speculation_off():
@@ -347,7 +347,7 @@ def test_rows_that_rarely_get_a_draft_make_a_batch_back_off_but_not_a_single_row
         p.lightspec_budget(ctx([good] * 8))
         p.lightspec_on_stats(step(3, T1 * 1.3, drafted=(2,) + (0,) * 7, accepted=(2,) + (0,) * 7, source="ngram",
                                   draft_s=0.01 * T1))
-    assert p.hit_rate(1) < 0.3 < 0.5 < p.hit_rate(0)  # row 0 always got its draft
+    assert p.acceptance.hit_rate(1) < 0.3 < 0.5 < p.acceptance.hit_rate(0)  # row 0 always got its draft
     assert k_of(p, [history(20, 4)] * 8) == [0] * 8
     p.reset()  # a new generation, one row: the pooled rate says drafts are rare, but misses cost nothing
     assert k_of(p, [good])[0] >= 2
@@ -355,11 +355,11 @@ def test_rows_that_rarely_get_a_draft_make_a_batch_back_off_but_not_a_single_row
 
 def test_a_new_row_starts_from_the_acceptance_pooled_over_recent_rows():
     p = DynamicBudget()
-    assert p.pooled_acceptance("") == pytest.approx(0.6)  # no evidence: the fixed prior
+    assert p.acceptance.pooled_acceptance("") == pytest.approx(0.6)  # no evidence: the fixed prior
     p.lightspec_on_stats(step(1, T1))
     for _ in range(30):  # drafts of 4, none accepted
         p.lightspec_on_stats(step(5, T1 * 1.3, drafted=(4,), accepted=(0,), draft_s=0.1 * T1))
-    assert p.pooled_acceptance("") < 0.2 and p.pooled_acceptance("draft_model") < 0.2
+    assert p.acceptance.pooled_acceptance("") < 0.2 and p.acceptance.pooled_acceptance("draft_model") < 0.2
     fresh = RowHistory()
     assert k_of(p, [fresh])[0] < DynamicBudget().best_k(fresh.acceptance(), 0.05)
 
@@ -378,10 +378,10 @@ def test_the_extra_overhead_of_speculative_steps_is_charged():
     p.lightspec_on_stats(plain)
     for _ in range(10):
         p.lightspec_on_stats(spec(0.52 * T1))
-    assert p.spec_overhead == pytest.approx(0.5, abs=0.01)
+    assert p.cost.spec_overhead == pytest.approx(0.5, abs=0.01)
     row = [history(accepted=3, rejected=7)]
     assert k_of(p, row) == [0]  # acceptance ~0.35 cannot pay for half a step of bookkeeping
-    assert DynamicBudget().best_k(row[0].acceptance(), p.draft_cost["draft_model"], p.beta) >= 1
+    assert DynamicBudget().best_k(row[0].acceptance(), p.cost.draft_cost["draft_model"], p.cost.beta) >= 1
 
 
 def test_the_guard_remembers_losses_per_kind_of_batch_across_generations():
@@ -395,7 +395,7 @@ def test_the_guard_remembers_losses_per_kind_of_batch_across_generations():
     for _ in range(12):
         assert k_of(p, batch)[0] >= 1
         p.lightspec_on_stats(slow_step(8))
-    assert p.guard_record[(True, True)] > 1.0
+    assert p.guard.record[(True, True)] > 1.0
     p.reset()  # next generation, same kind: held for 16 steps, then probing
     for _ in range(16):
         assert k_of(p, batch)[0] == 0
@@ -405,7 +405,7 @@ def test_the_guard_remembers_losses_per_kind_of_batch_across_generations():
     calibrate(p, 1)
     assert k_of(p, [history(accepted=30, rejected=3)])[0] >= 1
     off = DynamicBudget(beta=0.1, draft_cost=0.01, guard=False)
-    off.guard_record[(True, True)] = 2.0
+    off.guard.record[(True, True)] = 2.0
     calibrate(off, 8)
     assert k_of(off, batch)[0] >= 1
 
@@ -425,27 +425,27 @@ def test_the_throughput_guard_holds_plain_decoding_after_speculation_measured_sl
     for _ in range(11):
         assert k_of(p, good)[0] >= 1
         p.lightspec_on_stats(slow())
-    assert p.hold == 0
+    assert p.guard.hold == 0
     p.lightspec_on_stats(slow())  # the window's 12th speculative step completes the check
-    assert p.hold == 16
+    assert p.guard.hold == 16
     for _ in range(16):
         assert k_of(p, good) == [0]
         p.lightspec_on_stats(step(1, T1))
     assert k_of(p, good)[0] >= 1  # probing again
     for _ in range(12):
         p.lightspec_on_stats(slow())
-    assert p.hold == 32
+    assert p.guard.hold == 32
     p.reset()  # each generation starts with a clean guard...
-    assert p.hold == 0 and p.backoff == 16
-    assert k_of(p, good) == [0] and p.hold == 15  # ...held 16 steps, as this kind of batch was losing
-    p.guard_record.clear()
+    assert p.guard.hold == 0 and p.guard.backoff == 16
+    assert k_of(p, good) == [0] and p.guard.hold == 15  # ...held 16 steps, as this kind of batch was losing
+    p.guard.record.clear()
     p.reset()
     assert k_of(p, good)[0] >= 1
     off = DynamicBudget(beta=0.1, draft_cost=0.01, guard=False)
     off.lightspec_on_stats(step(1, T1))
     for _ in range(24):
         off.lightspec_on_stats(slow())
-    assert off.hold == 0 and k_of(off, good)[0] >= 1
+    assert off.guard.hold == 0 and k_of(off, good)[0] >= 1
 
 
 def test_speculative_steps_slower_than_modelled_raise_the_cost_scale_of_that_kind_of_batch():
@@ -461,17 +461,17 @@ def test_speculative_steps_slower_than_modelled_raise_the_cost_scale_of_that_kin
     for _ in range(3 * 12):
         k_of(p, batch)
         ev = step(2, T1 * 1.1, drafted=(1,) * 8, accepted=(1,) * 8, draft_s=0.01 * T1)
-        modelled = p._modelled_cost(ev) * T1 * 1.03  # 1.03: the plain steps' step/forward ratio
+        modelled = p.cost.modelled_cost(ev) * T1 * 1.03  # 1.03: the plain steps' step/forward ratio
         ev.step_time_s = 1.2 * modelled
         p.lightspec_on_stats(ev)
-    scale = p.cost_scale[(True, True)]
+    scale = p.guard.cost_scale[(True, True)]
     assert 1.1 < scale <= 1.25
-    assert (False, True) not in p.cost_scale  # one row: not measured
+    assert (False, True) not in p.guard.cost_scale  # one row: not measured
     accs = [0.45] * 8  # a gain the unscaled model takes (at the batch margin), the scaled one not
     assert p.best_k(accs, 0.01, 0.1) >= 1 and p.best_k(accs, 0.01, 0.1, scale=scale) == 0
     for _ in range(60):  # plain steps: the scale decays back
         p.lightspec_on_stats(plain(8))
-    assert p.cost_scale[(True, True)] < 1.01
+    assert p.guard.cost_scale[(True, True)] < 1.01
 
 
 def rows_step(rows: int, seconds: float, drafted: int = 0, accepted: int = 0) -> StepStats:
@@ -489,25 +489,25 @@ def test_the_guard_compares_with_measured_plain_steps_of_as_many_rows():
     batch = [history(accepted=30, rejected=3)] * 4
     k_of(p, batch)
     p.lightspec_on_stats(rows_step(4, T1))
-    assert p._plain_reference(4) == pytest.approx(T1 * median_ratio(p))  # one sample: the model's
+    assert p.guard.plain_reference(4) == pytest.approx(T1 * median_ratio(p))  # one sample: the model's
     for _ in range(3):
         p.lightspec_on_stats(rows_step(4, 2 * T1))
-    assert p._plain_reference(4) == pytest.approx((T1 + 3 * 2 * T1) / 4)
-    assert p._plain_reference(3) == pytest.approx(p.t1 * median_ratio(p))  # none with 3 rows yet
+    assert p.guard.plain_reference(4) == pytest.approx((T1 + 3 * 2 * T1) / 4)
+    assert p.guard.plain_reference(3) == pytest.approx(p.cost.t1 * median_ratio(p))  # none with 3 rows yet
     # speculative steps of 4 rows: 1.8 tokens per row for 3 T1.  Against the model's plain
     # step (~T1 .. 2 T1 as it is refitted) that can look like a loss or a win; against
     # the measured 1.75 T1 (3.15 T1 of plain decoding per step) it is a win
-    p.t1 = T1  # pin the model's view low, as the extrapolated intercept was
+    p.cost.t1 = T1  # pin the model's view low, as the extrapolated intercept was
     for _ in range(12):
         p.lightspec_on_stats(rows_step(4, 3 * T1, drafted=1, accepted=1))
-        p.t1 = T1
-    assert p.hold == 0 and p.guard_record[(True, True)] < 1.0
+        p.cost.t1 = T1
+    assert p.guard.hold == 0 and p.guard.record[(True, True)] < 1.0
 
 
 def median_ratio(p):
     from statistics import median
 
-    return median(p.plain_ratio)
+    return median(p.guard.plain_ratio)
 
 
 def test_a_batch_that_lost_over_a_whole_generation_needs_a_larger_modelled_gain():
@@ -533,31 +533,31 @@ def test_a_batch_that_lost_over_a_whole_generation_needs_a_larger_modelled_gain(
 
     generation(1.5 * T1, 0.9 * T1)  # 3 + 15 + 9 = 27 T1 for 12 + 80 + 10 = 102 tokens (25.5 T1 plain)
     generation(1.5 * T1, 0.9 * T1)  # judged now
-    assert p.margin[kind] == pytest.approx(1.15 * 27 / 25.5, rel=1e-3)
-    lost = p.margin[kind]
+    assert p.guard.margin[kind] == pytest.approx(1.15 * 27 / 25.5, rel=1e-3)
+    lost = p.guard.margin[kind]
     generation(1.2 * T1, 0.3 * T1)  # 3 + 12 + 3 = 18 T1 for 25.5 T1 of plain decoding: a win
     p.reset()
-    assert p.margin[kind] == pytest.approx(max(1.15, lost * 18 / 25.5))
-    assert p.margin[kind] == 1.15  # never below batch_margin
+    assert p.guard.margin[kind] == pytest.approx(max(1.15, lost * 18 / 25.5))
+    assert p.guard.margin[kind] == 1.15  # never below batch_margin
     # the learned margin is what a batch must clear
-    p.margin[kind] = 2.0
+    p.guard.margin[kind] = 2.0
     p.reset()
     k_of(p, batch)
     p.lightspec_on_stats(rows_step(4, T1))
     # a generation that never drafts lets it drift back by a quarter
     p.reset()
-    assert p.margin[kind] == pytest.approx(1.15 + 0.75 * (2.0 - 1.15))
+    assert p.guard.margin[kind] == pytest.approx(1.15 + 0.75 * (2.0 - 1.15))
     # seeded requests and single rows leave it alone
-    before = dict(p.margin)
+    before = dict(p.guard.margin)
     q = ctx(batch, deterministic=True)
     p.lightspec_budget(q)
     p.lightspec_on_stats(rows_step(4, 5 * T1, drafted=1, accepted=0))
     p.reset()
-    assert p.margin == before
+    assert p.guard.margin == before
     k_of(p, [history(accepted=30, rejected=3)])
     p.lightspec_on_stats(rows_step(1, 5 * T1, drafted=1, accepted=0))
     p.reset()
-    assert p.margin == before
+    assert p.guard.margin == before
 
 
 def test_the_learned_batch_margin_decides_whether_a_batch_drafts():
@@ -567,7 +567,7 @@ def test_the_learned_batch_margin_decides_whether_a_batch_drafts():
         k_of(p, batch)
         p.lightspec_on_stats(rows_step(8, T1))
     assert k_of(p, batch)[0] >= 1
-    p.margin[(True, True)] = 1.6
+    p.guard.margin[(True, True)] = 1.6
     assert k_of(p, batch)[0] == 0
     calibrate(p, 1)
     assert k_of(p, [history(accepted=6, rejected=4)])[0] >= 1  # one row: its own margin
@@ -587,9 +587,9 @@ def test_a_drafter_starts_from_its_structural_cost_estimate():
     assert first_k({"layerskip": 0.54}, 8)[0] == 0
     assert first_k({"ngram": 0.0}, 8)[0] >= 1
     k, p = first_k({"layerskip": 0.54}, 1)
-    assert k >= 1 and p.prior_cost("layerskip") == 0.05
+    assert k >= 1 and p.cost.prior_cost("layerskip") == 0.05
     _, p = first_k({"layerskip": 0.54}, 8)
-    assert p.prior_cost("layerskip") == 0.54 and p.prior_cost("other") == 0.05
+    assert p.cost.prior_cost("layerskip") == 0.54 and p.cost.prior_cost("other") == 0.05
 
 
 def test_a_batch_needs_a_larger_modelled_gain_than_one_row():
@@ -607,7 +607,7 @@ def test_the_guard_lets_speculation_that_pays_run():
     p.lightspec_on_stats(step(1, T1))
     for _ in range(60):
         p.lightspec_on_stats(step(5, T1 * 1.3, drafted=(4,), accepted=(4,), draft_s=0.2 * T1))
-    assert p.hold == 0 and k_of(p, good)[0] >= 3
+    assert p.guard.hold == 0 and k_of(p, good)[0] >= 3
 
 
 @pytest.mark.parametrize("kw, bad", [({"max_draft": 0}, "max_draft=0"), ({"beta": -1}, "beta=-1"),
@@ -646,7 +646,7 @@ def test_a_batch_carries_its_hold_and_back_off_into_the_next_generation():
             p.lightspec_on_stats(slow_step(8))
         p.reset()
     assert holds == [0, 16, 32]
-    assert p.carried[(True, True)] == (64, 128)
+    assert p.guard.carried[(True, True)] == (64, 128)
 
 
 def test_a_batch_drifts_back_to_the_verify_cost_it_measured_one_row_to_the_prior():
@@ -660,10 +660,10 @@ def test_a_batch_drifts_back_to_the_verify_cost_it_measured_one_row_to_the_prior
         for _ in range(6):
             p.lightspec_on_stats(step(1, T1, drafted=(0,) * rows, accepted=(0,) * rows))
             p.lightspec_on_stats(step(3, T1 * 2.4, drafted=(2,) * rows, accepted=(1,) * rows, source="ngram"))
-        assert p.beta == pytest.approx(0.7, rel=0.05)
+        assert p.cost.beta == pytest.approx(0.7, rel=0.05)
         for _ in range(80):
             p.lightspec_on_stats(step(1, T1, drafted=(0,) * rows, accepted=(0,) * rows))
-        assert p.beta == pytest.approx(want, rel=0.05)
+        assert p.cost.beta == pytest.approx(want, rel=0.05)
 
 
 def test_a_batch_charges_a_model_drafter_its_catch_up_when_it_resumes():
@@ -679,11 +679,11 @@ def test_a_batch_charges_a_model_drafter_its_catch_up_when_it_resumes():
     ev.draft_setup_s = 2 * T1
     ev.draft_by_source = {"draft_model": (1 * T1, 1)}
     p.lightspec_on_stats(ev)
-    assert p.setup_cost["draft_model"] == pytest.approx(2.0)
-    assert p._catch_up("draft_model", 8) == 0.0  # it drafted last step: nothing to catch up
+    assert p.cost.setup_cost["draft_model"] == pytest.approx(2.0)
+    assert p.cost.catch_up("draft_model", 8) == 0.0  # it drafted last step: nothing to catch up
     p.lightspec_on_stats(step(1, T1, drafted=(0,) * 8, accepted=(0,) * 8))
-    assert p._catch_up("draft_model", 8) == pytest.approx(2.0 / SETUP_HORIZON)
-    assert p._catch_up("draft_model", 1) == 0.0 and p._catch_up("ngram", 8) == 0.0
+    assert p.cost.catch_up("draft_model", 8) == pytest.approx(2.0 / SETUP_HORIZON)
+    assert p.cost.catch_up("draft_model", 1) == 0.0 and p.cost.catch_up("ngram", 8) == 0.0
 
 
 def test_verify_costs_are_fitted_per_number_of_rows_through_the_plain_forward():
@@ -696,7 +696,7 @@ def test_verify_costs_are_fitted_per_number_of_rows_through_the_plain_forward():
     for _ in range(20):  # single rows: plain 10 ms, verifies of width 5 cost 14 ms (beta 0.1)
         p.lightspec_on_stats(rows_step(1, T1))
         p.lightspec_on_stats(rows_step(1, 1.4 * T1, drafted=4, accepted=4))
-    assert p.t1 == pytest.approx(T1) and p.beta == pytest.approx(0.1)
+    assert p.cost.t1 == pytest.approx(T1) and p.cost.beta == pytest.approx(0.1)
     assert k_of(p, [history(30, 3)] * 8) == [0] * 8  # 8 rows never measured: calibrate first
     t8 = 3 * T1
     for _ in range(3):
@@ -704,16 +704,16 @@ def test_verify_costs_are_fitted_per_number_of_rows_through_the_plain_forward():
     # concave costs at 8 rows: width 2 costs 1.55 plain steps, width 4 2.2, width 6 2.8
     for q, c in ((2, 1.55), (4, 2.2), (6, 2.8)):
         p.lightspec_on_stats(rows_step(8, c * t8, drafted=q - 1, accepted=q - 1))
-    assert p.t1 == pytest.approx(t8)
+    assert p.cost.t1 == pytest.approx(t8)
     want = (1 * 0.55 + 3 * 1.2 + 5 * 1.8) / (1 + 9 + 25)  # least squares through (0, 1)
-    assert p.beta == pytest.approx(want)
+    assert p.cost.beta == pytest.approx(want)
     free = 2.8 - (2.8 - 1.55) / 4 * 5  # the free line's intercept, in plain steps: above 1
-    assert free > 1.2 and p.beta > 0.35
-    assert p.verified_beta[(8, True)] == pytest.approx(want)
+    assert free > 1.2 and p.cost.beta > 0.35
+    assert p.cost.verified_beta[(8, True)] == pytest.approx(want)
     p.lightspec_on_stats(rows_step(1, T1))  # back to one row: its own window and fit
-    assert p.t1 == pytest.approx(T1) and p.beta == pytest.approx(0.1)
+    assert p.cost.t1 == pytest.approx(T1) and p.cost.beta == pytest.approx(0.1)
     k_of(p, [history(30, 3)] * 8)  # a decision for 8 rows uses the 8-row fit, whatever ran last
-    assert p.t1 == pytest.approx(t8) and p.beta == pytest.approx(want)
+    assert p.cost.t1 == pytest.approx(t8) and p.cost.beta == pytest.approx(want)
 
 
 def test_a_batch_size_never_verified_borrows_the_nearest_beta_and_probes_one_token():
@@ -726,7 +726,7 @@ def test_a_batch_size_never_verified_borrows_the_nearest_beta_and_probes_one_tok
     for _ in range(20):  # one row: the verify is free
         p.lightspec_on_stats(rows_step(1, T1))
         p.lightspec_on_stats(rows_step(1, T1, drafted=4, accepted=4))
-    assert p.beta == pytest.approx(0.0)
+    assert p.cost.beta == pytest.approx(0.0)
     assert k_of(p, [history(40, 1)])[0] >= 4
     p.reset()
     good = [history(40, 1)] * 8
@@ -736,15 +736,15 @@ def test_a_batch_size_never_verified_borrows_the_nearest_beta_and_probes_one_tok
         assert k_of(p, good) == [0] * 8
         p.lightspec_on_stats(rows_step(8, 3 * T1))
     assert k_of(p, good) == [1] * 8  # the probe: one token
-    assert p.beta == pytest.approx(0.12)  # the prior, not the one row's 0
+    assert p.cost.beta == pytest.approx(0.12)  # the prior, not the one row's 0
     p.lightspec_on_stats(rows_step(8, 3 * T1 * 1.5, drafted=1, accepted=1))  # a verified token costs 0.5
-    assert p.verified_beta[(8, True)] == pytest.approx(0.5)
+    assert p.cost.verified_beta[(8, True)] == pytest.approx(0.5)
     assert k_of(p, good)[0] >= 2  # measured now: 40/41 acceptance pays at 0.5 a token
     for _ in range(BATCH_CALIBRATION):  # 6 rows: calibrated, then the 8 rows' beta
         p.lightspec_on_stats(rows_step(6, 2.5 * T1))
     k_of(p, [history(40, 1)] * 6)
-    assert p.t1 == pytest.approx(2.5 * T1) and p.beta == pytest.approx(0.5)
-    assert p._borrowed_beta((7, True)) == pytest.approx(0.5) and p._borrowed_beta((1, True)) == pytest.approx(0.12)
+    assert p.cost.t1 == pytest.approx(2.5 * T1) and p.cost.beta == pytest.approx(0.5)
+    assert p.cost.borrowed_beta((7, True)) == pytest.approx(0.5) and p.cost.borrowed_beta((1, True)) == pytest.approx(0.12)
     p.lightspec_on_stats(rows_step(8, 3 * T1 * 1.9, drafted=1, accepted=1))
     p.lightspec_on_stats(rows_step(8, 3 * T1 * 1.9, drafted=1, accepted=1))  # now 0.9 a token (the median)
     assert k_of(p, good) == [0] * 8  # no draft length pays for the batch's margin then
@@ -791,23 +791,23 @@ def test_a_batchs_plain_steps_are_fitted_when_a_decision_reads_them():
     for i in range(10):
         for p in (lazy, eager):
             p.lightspec_on_stats(rows_step(8, (2.5 + 0.1 * i) * T1))
-        eager._fit_forward_cost((8, True))
-    assert (8, True) in lazy.unfitted and lazy.fits[(8, True)][0] == pytest.approx(3 * T1)
+        eager.cost.fit_forward_cost((8, True))
+    assert (8, True) in lazy.cost.unfitted and lazy.cost.fits[(8, True)][0] == pytest.approx(3 * T1)
     k_of(lazy, [history(0, 40)] * 8)
-    assert lazy.fits[(8, True)] == pytest.approx(eager.fits[(8, True)]) and not lazy.unfitted
-    assert lazy.t1 == pytest.approx(median([3 * T1] + [(2.5 + 0.1 * i) * T1 for i in range(10)]))
+    assert lazy.cost.fits[(8, True)] == pytest.approx(eager.cost.fits[(8, True)]) and not lazy.cost.unfitted
+    assert lazy.cost.t1 == pytest.approx(median([3 * T1] + [(2.5 + 0.1 * i) * T1 for i in range(10)]))
 
 
 def test_the_forward_window_keeps_each_widths_median_as_samples_arrive_and_leave():
-    """``_ForwardWindow`` groups its last ``size`` forwards by verify width incrementally;
+    """``ForwardWindow`` groups its last ``size`` forwards by verify width incrementally;
     its medians equal those of the window rebuilt from scratch after every append."""
     import random
     from collections import deque
 
-    from lightspec_core.budget import _ForwardWindow, _MedianWindow
+    from lightspec_core.budget import ForwardWindow, MedianWindow
 
     rng = random.Random(0)
-    win, ref, plain, ref_plain = _ForwardWindow(8), deque(maxlen=8), _MedianWindow(5), deque(maxlen=5)
+    win, ref, plain, ref_plain = ForwardWindow(8), deque(maxlen=8), MedianWindow(5), deque(maxlen=5)
     for _ in range(300):
         q, t = rng.choice((1, 1, 2, 5)), rng.choice((1.0, 2.0, 2.0, 3.5))  # repeated values leave too
         win.append(q, t)
@@ -835,13 +835,13 @@ def test_a_cold_first_forward_does_not_make_a_batchs_verify_look_free_and_the_an
         assert k_of(p, good) == [0] * 8
         p.lightspec_on_stats(rows_step(8, 1.6 * t8 if i == 0 else t8))  # the first one cold
     assert k_of(p, good) == [1] * 8  # the probe
-    assert p.t1 == pytest.approx(t8)  # the median: the cold step left out
+    assert p.cost.t1 == pytest.approx(t8)  # the median: the cold step left out
     p.lightspec_on_stats(rows_step(8, 1.3 * t8, drafted=1, accepted=1))
-    assert p.verified_beta[(8, True)] == pytest.approx(0.3)  # against the cold step: 0 (clamped)
+    assert p.cost.verified_beta[(8, True)] == pytest.approx(0.3)  # against the cold step: 0 (clamped)
     steps = 0
     while k_of(p, good)[0] > 0:
         p.lightspec_on_stats(rows_step(8, 1.3 * t8, drafted=1, accepted=1))
         steps += 1
     assert steps == PLAIN_REFRESH - 1  # the probe counted too: then one plain step
     p.lightspec_on_stats(rows_step(8, 0.8 * t8))  # the machine got faster meanwhile
-    assert p.plain_age[(8, True)] == 0 and k_of(p, good)[0] > 0
+    assert p.cost.plain_age[(8, True)] == 0 and k_of(p, good)[0] > 0

@@ -87,8 +87,8 @@ def test_yaml_strategies_are_lossless(tmp_path, tok, refs, text, kind, draft):
 def test_cascade_extends_the_first_draft(tmp_path):
     """The second component sees the first's draft as ctx.prefix and continues it."""
     path = write(tmp_path, CASCADE)
-    strategy, budget = load_strategy_file(path, get_registry())
-    assert budget is None
+    strategy, budget, sinks = load_strategy_file(path, get_registry())
+    assert budget is None and sinks is None
     assert [getattr(c, "name", "") for c in strategy.components] == ["ngram", "draft_model"]
     assert strategy.components[0].max_ngram == 3 and strategy.components[0].max_draft == 2
 

@@ -21,7 +21,6 @@ from lightspec_core.plugins import get_registry
 
 from lightspec_core import MTPPipeline
 
-
 # repetitive prompts, so the drafters' 1-gram lookup drafts (and the verifier accepts) often
 PROMPTS = [
     "one two three one two three one two",

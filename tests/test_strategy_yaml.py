@@ -92,7 +92,7 @@ def test_ordinary_anchors_and_aliases_still_load(tmp_path):
             components: [short_ngram, other_ngram]
         default: pair
     """)
-    strategy, _ = run()
+    strategy, _, _ = run()
     assert isinstance(strategy, Combination)
     assert [c.max_draft for c in strategy.components] == [2, 2] and strategy.components[1].max_ngram == 3
 
@@ -172,7 +172,7 @@ def test_definition_named_like_a_registered_strategy_configures_it(tmp_path):
             type: combination
             components: [ngram, layerskip]
     """)
-    strategy, _ = run()
+    strategy, _, _ = run()
     assert strategy.components[0].max_draft == 3
 
 

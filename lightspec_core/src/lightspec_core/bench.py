@@ -510,13 +510,42 @@ def load_prompt_sets(prompts_file, suite, limit) -> dict[str, list[str]]:
     return {os.path.basename(prompts_file): ps[:limit] if limit else ps}
 
 
+def _budget_specs(budgets) -> list[tuple[str, dict]]:
+    """``--budget`` values as (label, spec mapping), each checked by building it once
+    (before any model loads)."""
+    from .component_spec import build_component, parse_spec, spec_label
+    from .plugins import get_registry
+
+    out = []
+    for text in budgets:
+        spec = parse_spec(text, "budget") if isinstance(text, str) else dict(text)
+        build_component("budget", spec, get_registry(), default_type="dynamic", where="--budget")
+        out.append((spec_label(text), spec))
+    return out
+
+
+def _methods(names, budgets: list[tuple[str, dict]]) -> list[tuple[str, str, dict | None]]:
+    """(strategy, method label, budget spec) per method: each strategy under each budget,
+    or under its own when none is given; ``none`` once (it never consults its budget)."""
+    if not budgets:
+        return [(name, name, None) for name in names]
+    out = []
+    for name in names:
+        for label, spec in [(None, None)] if name == "none" else budgets:
+            out.append((name, name if label is None else f"{name}[{label}]", None if spec is None else dict(spec)))
+    return out
+
+
 CONTROL = "none (control)"  # the label of the second `none` pipeline in batched runs
 SUITE_CONFIGS = [(1, 0.0), (8, 0.0), (1, 0.8), (8, 0.8)]  # (batch size, temperature)
 
 
 def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=None, limit=None, max_new_tokens=64,
          batch_size=1, temperature=0.0, hf_lookup_tokens=10, with_hf=True, device=None, dtype=None, json_out=None,
-         md_out=None, lean_target=True, repeat=1, seed=None, batch_repeat=None, interleave="step", control=True):
+         md_out=None, lean_target=True, repeat=1, seed=None, batch_repeat=None, interleave="step", control=True,
+         budgets=()):
+    """``budgets``: budget specs (``component_spec``); each strategy but ``none`` (which
+    never drafts) then runs once per budget, labelled ``strategy[budget]``."""
     import sys
 
     from .loading import cpu_kernels_apply, load_tokenizer
@@ -532,6 +561,7 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
         raise LightSpecError(f"--max-new-tokens {max_new_tokens} is invalid: use an integer >= 1")
     if interleave not in ("step", "batch"):
         raise LightSpecError(f"--interleave {interleave!r} is invalid; allowed: step, batch")
+    budgets = _budget_specs(budgets)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if model is None:
@@ -555,11 +585,12 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
                              kernels_row=True)
     names = list(strategies) or default_strategies(draft_model)
     pipes = {}
-    for name in names:
+    for name, label, budget in _methods(names, budgets):
         try:
-            pipes[name] = MTPPipeline(target, tok, strategy=name, draft_model=draft, lean_target=lean_target)
+            pipes[label] = MTPPipeline(target, tok, strategy=name, draft_model=draft, lean_target=lean_target,
+                                       budget=budget)
         except LightSpecError as exc:
-            click.echo(f"skipping {name}: {exc}", err=True)
+            click.echo(f"skipping {label}: {exc}", err=True)
     # batched runs compare with LightSpec's own `none`; a second, identical `none` pipeline
     # measured beside it shows how far two identical methods differ on this machine
     control_pipe = None
@@ -569,6 +600,7 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
               "draft_model": str(draft_model) if draft_model else None, "device": str(dev),
               "dtype": str(dt).replace("torch.", ""), "max_new_tokens": max_new_tokens, "repeat": repeat,
               "batch_repeat": batch_repeat or repeat, "seed": seed, "interleave": interleave, "machine": machine_info(dev),
+              "budgets": [label for label, _ in budgets],
               "target_forward": {name: p.engine.target_forward for name, p in pipes.items()},
               "notes": bench_notes(with_hf, hf_models), "runs": []}
     greedy_ref: dict[str, list[list[int]]] = {}  # HF vanilla greedy outputs at batch 1, per workload

@@ -77,7 +77,7 @@ def lightspec_register_strategies(register):
         description="cost-aware draft length from online acceptance + adaptive confidence stop",
         params={
             "max_draft": "upper bound on k (8)",
-            "window": "sliding window of verifies for the confidence threshold (16)",
+            "window": "sliding window of verifies for the confidence gate (peak probability, entropy, acceptance) (16)",
             "min_confidence": "initial confidence threshold (0.3)",
             "beta": "initial verify cost slope per token (0.12)",
             "draft_cost": "initial cost of one draft token vs a target step (0.05; a batch starts from each drafter's draft_cost_hints())",
@@ -88,6 +88,23 @@ def lightspec_register_strategies(register):
         },
     )
     register("static", lazy(".budget:StaticBudget"), kind="budget", description="always draft k tokens", params={"k": "draft length (4)"})
+    register(
+        "feedback",
+        lazy(".budget:FeedbackBudget"),
+        kind="budget",
+        description="feedback controller B <- alpha*B + beta*(measured speed-up over plain decoding); drafts round(B)",
+        params={
+            "alpha": "weight of the previous B, in [0, 1) (0.5)",
+            "beta": "weight of the step's speed-up T_actual/T_target, > 0 (1.0; B settles at beta*r/(1-alpha))",
+            "max_draft": "upper bound on B and k (8)",
+            "min_ratio": "hold plain decoding when the speed-up's EWMA stays below this (0.9; 0: never)",
+            "patience": "speculative steps below min_ratio before holding (8)",
+            "hold": "plain steps per hold before probing again (32)",
+            "calibration": "plain steps measuring a batch size's plain latency when first seen (3)",
+            "refresh": "one plain step after this many speculative steps in a row (32)",
+            "min_confidence": "confidence threshold passed to model drafters (0.0: draft k tokens)",
+        },
+    )
     register("first", lazy(".composer:FirstFusion"), kind="fusion", description="per row, the first non-empty draft", params={})
     register("concat", lazy(".composer:ConcatFusion"), kind="fusion", description="per row, drafts one after another", params={})
     register("jsonl", lazy(".stats:JsonlSink"), kind="sink", description="one JSON line per event", params={"path": "output file"})

@@ -158,7 +158,11 @@ def _defaults() -> dict:
               help="Token id that ends a row (repeatable); replaces the model's EOS ids.")
 @click.option("--ignore-eos", is_flag=True, help="No token id ends a row: generate --max-new-tokens (or up to a --stop).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice).")
-@click.option("--budget", default=None, help="Budget policy: dynamic (default) or static.")
+@click.option("--budget", default=None,
+              help="Budget policy: NAME[:OPTION=VALUE,...] or a YAML file, e.g. static:k=2, dynamic:guard=false, "
+                   "feedback:alpha=0.6 (default: dynamic; options: lightspec strategies).")
+@click.option("--sink", "sinks", multiple=True,
+              help="Statistics sink (repeatable): NAME[:OPTION=VALUE,...], e.g. jsonl:path=steps.jsonl or log.")
 @click.option("--device", default=None, help="cpu, cuda or auto.")
 @click.option("--dtype", default=None, help="float32, bfloat16, float16 or auto.")
 @click.option("--stats-out", default=None, help="Write one JSON line per step event to this file.")
@@ -168,7 +172,7 @@ def _defaults() -> dict:
               help="Run the target through LightSpec's exact lean forward when it reproduces HF's bit for bit (Llama family); --hf-target forces HF's forward.")
 @_sampling_options
 def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop, eos_token_ids, ignore_eos, threads,
-        budget, device, dtype, stats_out, stream, as_json, lean_target, temperature, top_p, top_k, min_p, seed):
+        budget, sinks, device, dtype, stats_out, stream, as_json, lean_target, temperature, top_p, top_k, min_p, seed):
     """Generate text with a speculative-decoding strategy."""
     d = _defaults()
     prompts = read_prompts(prompt, prompts_file)
@@ -193,6 +197,7 @@ def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop
 
     # check the sampling flags before spending time on loading the model
     SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+    budget, sink_objects = _budget_and_sinks(budget or d.get("budget"), sinks)
 
     pipe = MTPPipeline.from_pretrained(  # progress: names the model and its source on stderr
         model or d.get("model"),
@@ -200,7 +205,8 @@ def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop
         draft_model=draft_model or d.get("draft_model"),
         device=device or d.get("device"),
         dtype=dtype or d.get("dtype"),
-        budget=budget or d.get("budget"),
+        budget=budget,
+        sinks=sink_objects,
         stats_out=stats_out,
         progress=not as_json,
         lean_target=lean_target,
@@ -225,6 +231,25 @@ def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop
     for p, r in zip(prompts, results):
         click.echo(p + r.text)
         click.echo(_summary_line(pipe.strategy_name, r.stats), err=True)
+
+
+def _budget_and_sinks(budget, sinks: tuple[str, ...]):
+    """``--budget`` and ``--sink`` as components, built before the model loads so that a
+    bad name, option or value fails at once."""
+    from .component_spec import build_component
+
+    reg = _registry()
+    if budget is not None:
+        budget = build_component("budget", budget, reg, default_type="dynamic", where="--budget")
+    built = [build_component("sink", s, reg, where="--sink") for s in sinks]
+    if any(getattr(s, "name", "") == "log" for s in built):  # its lines are INFO records
+        logging.getLogger("lightspec.stats").setLevel(logging.INFO)
+    ctx = click.get_current_context()
+    for sink in built:  # when the command ends: flush what the sinks still hold (a log sink's last line)
+        done = getattr(sink, "close", None) or getattr(sink, "flush", None)
+        if done is not None:
+            ctx.call_on_close(done)
+    return budget, built
 
 
 def _summary_line(strategy: str, s) -> str:
@@ -292,6 +317,9 @@ def strategies(as_json):
               help="Target model: a hub id (org/name, through the HF cache) or a local folder (default: the embedded model).")
 @click.option("--strategy", "strategies_", multiple=True, help="Strategy to measure (repeatable; default: all built-ins that apply).")
 @click.option("--draft-model", default=None, help="Draft model (hub id or local folder) for draft_model and hf_assisted.")
+@click.option("--budget", "budgets", multiple=True,
+              help="Budget policy (repeatable): NAME[:OPTION=VALUE,...] or a YAML file; each strategy is measured "
+                   "under each, labelled e.g. ngram[feedback] (default: the strategy's own, dynamic).")
 @click.option("--prompts", "prompts_file", default=None, help="Prompts file (JSONL or text).")
 @click.option("--suite", default=None, help="Run a benchmark suite ('default') instead of --prompts.")
 @click.option("--limit", type=int, default=None, help="Use only the first N prompts.")
@@ -319,7 +347,7 @@ def strategies(as_json):
 @click.option("--markdown", "md_out", default=None, help="Write the tables (and plots) to this Markdown file.")
 @click.option("--lean-target/--hf-target", default=True, show_default=True,
               help="Run the target through LightSpec's exact lean forward when it reproduces HF's bit for bit (Llama family); --hf-target forces HF's forward.")
-def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_tokens, batch_size, temperature,
+def bench(model, strategies_, draft_model, budgets, prompts_file, suite, limit, max_new_tokens, batch_size, temperature,
           hf_lookup_tokens, no_hf, device, dtype, seed, repeat, batch_repeat, interleave, control, threads, json_out,
           md_out, lean_target):
     """Compare LightSpec strategies with HF transformers generate on the same prompts."""
@@ -333,7 +361,7 @@ def bench(model, strategies_, draft_model, prompts_file, suite, limit, max_new_t
                    suite=suite, limit=limit, max_new_tokens=max_new_tokens, batch_size=batch_size,
                    temperature=temperature, hf_lookup_tokens=hf_lookup_tokens, with_hf=not no_hf, device=device,
                    dtype=dtype, json_out=json_out, md_out=md_out, lean_target=lean_target, repeat=repeat, seed=seed,
-                   batch_repeat=batch_repeat, interleave=interleave, control=control)
+                   batch_repeat=batch_repeat, interleave=interleave, control=control, budgets=list(budgets))
 
 
 def _set_threads(threads: int | None) -> None:

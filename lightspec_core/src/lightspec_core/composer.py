@@ -364,8 +364,9 @@ def _check_cycle(name: str, chain: tuple[str, ...]) -> None:
         raise StrategyCycleError(f"strategy cycle: {' -> '.join(loop)}")
 
 
-def load_strategy_file(path: str | Path, registry) -> tuple[Any, dict | str | None]:
-    """Load a YAML strategy file; return (strategy object, its budget spec or None).
+def load_strategy_file(path: str | Path, registry) -> tuple[Any, dict | str | None, list | None]:
+    """Load a YAML strategy file; return (strategy object, its budget spec or None, the
+    file's ``sinks:`` list (sink names or mappings) or None).
 
     The file's ``default:`` key picks the strategy; otherwise the last one listed.  The
     YAML is read safely and within limits (``safe_yaml``: no recursive aliases, a bounded
@@ -386,9 +387,13 @@ def load_strategy_file(path: str | Path, registry) -> tuple[Any, dict | str | No
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict) or not isinstance(data.get("strategies"), list) or not data["strategies"]:
         raise ConfigError(f"{path}: expected a mapping with a non-empty list under key 'strategies'")
-    unknown = set(data) - {"strategies", "default"}
+    unknown = set(data) - {"strategies", "default", "sinks"}
     if unknown:
-        raise ConfigError(f"{path}: unknown top-level key {sorted(map(str, unknown))[0]!r}; allowed: strategies, default")
+        raise ConfigError(f"{path}: unknown top-level key {sorted(map(str, unknown))[0]!r}; "
+                          f"allowed: strategies, default, sinks")
+    sinks = data.get("sinks")
+    if sinks is not None and not isinstance(sinks, list):
+        raise ConfigError(f"{path}: key 'sinks' must be a list of sink names or mappings, got {sinks!r}")
     defined: dict[str, dict] = {}
     for i, entry in enumerate(data["strategies"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
@@ -403,7 +408,7 @@ def load_strategy_file(path: str | Path, registry) -> tuple[Any, dict | str | No
     except ConfigError as exc:
         msg = str(exc)
         raise ConfigError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
-    return strategy, entry.get("budget")
+    return strategy, entry.get("budget"), sinks
 
 
 class HybridStrategy(Combination):

@@ -85,7 +85,7 @@ class Engine:
 
     def _generate(self, prompts, max_new_tokens, sampling, seeds, stop, eos_ids, on_prefill):
         context = context_length(self.target)
-        if context is not None and max(map(len, prompts)) >= context:
+        if context is not None and max(map(len, prompts)) > context:
             raise InvalidValueError(f"a prompt has {max(map(len, prompts))} tokens; this model's context is {context} "
                                     f"tokens: shorten it")
         rows = [Row(i, list(p), len(p), m, stop, s if s is not None else int(torch.randint(0, 2**62, (1,))),
@@ -120,10 +120,10 @@ class Engine:
         prof = self.profiler.start()
         # 1. input preparation
         ctx = self._prepare(batch)
-        budget = self._budget(ctx, batch)  # None: a plain step
+        budget = self._budget(ctx, batch)  # None: no policy asked (no drafter, backing off, or it failed)
         prof.lap("budget")
         # 2. drafting (a combination strategy fuses its components' drafts inside propose)
-        proposal = self._propose(ctx, batch) if budget is not None else None
+        proposal = self._propose(ctx, batch) if budget is not None and max(batch.limits) > 0 else None
         prof.lap("draft")
         # 3. verification: one target forward over [last token, draft nodes], then the verifier
         start = self.runner.lengths
@@ -157,7 +157,7 @@ class Engine:
 
     def _budget(self, ctx: StepContext, batch: Batch) -> Budget | None:
         """Ask the policy how much to draft; cap each row by what it may still emit.  Sets the
-        context's budget fields; None when no row drafts (or the policy failed)."""
+        context's budget fields and ``batch.limits``; None when the policy was not asked or failed."""
         if self.bound.propose is None or self.failures.backing_off():
             return None
         try:
@@ -174,7 +174,7 @@ class Engine:
         if budget.free_max_draft is not None:  # model-free drafters may go further
             ctx.free_max_draft_list = [max(k, min(f, m)) for k, f, m in zip(limits, budget.free_max_draft, room)]
         batch.limits = ctx.free_max_draft_list or limits
-        return budget if max(batch.limits) > 0 else None
+        return budget
 
     def _propose(self, ctx: StepContext, batch: Batch) -> DraftProposal | None:
         """The strategy's draft, checked against the contract (``check_proposal``); None on
@@ -259,8 +259,8 @@ class Engine:
             draft_forward_s=ctx.timer.model_s, draft_setup_s=ctx.timer.setup_s, draft_by_source=dict(ctx.timer.by_source),
             overhead_s=max(0.0, step_s - busy), verify_tokens=out.slots, failure=self.failures.step_failure(ctx.step),
             budget_k=list(ctx.max_draft_list) if budget is not None else [0] * B,
-            budget_reason=getattr(budget, "reason", "") if budget is not None else "plain",
-            budget_estimates=getattr(budget, "estimates", {}) if budget is not None else {},
+            budget_reason=budget.reason if budget is not None else "plain",
+            budget_estimates=dict(budget.estimates) if budget is not None else {},
             bubble_ratio=max(0.0, step_s - busy) / step_s if step_s > 0 else 0.0))
 
     def emit(self, event: Any) -> None:

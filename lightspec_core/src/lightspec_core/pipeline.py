@@ -180,9 +180,16 @@ class MTPPipeline:
     longer than the model's vocabulary (``check_vocabulary``)."""
 
     def __init__(self, target, tokenizer, strategy: str | Any = "hybrid", draft_model=None, device=None,
-                 dtype=None, budget: str | dict | None = None, verifier: str = "standard",
+                 dtype=None, budget: str | dict | Any | None = None, verifier: str = "standard",
                  stats_out: str | None = None, log_interval_s: float | None = None, progress: bool = False,
-                 lean_target: bool = True, cpu_kernels: bool | None = None, **strategy_options):
+                 lean_target: bool = True, cpu_kernels: bool | None = None, sinks: list | tuple | None = None,
+                 **strategy_options):
+        """``budget``: a policy name, ``"NAME:OPTION=VALUE,..."``, a YAML file, a mapping
+        ``{"type": name, **options}`` or a policy object (default: the strategy file's
+        budget, else ``dynamic``).  ``sinks``: statistics sinks to add, each a name,
+        ``"NAME:OPTION=VALUE,..."``, a mapping or an object (after a strategy file's
+        ``sinks:``); built ones are in ``self.sinks``."""
+        from .component_spec import build_component
         from .composer import build_strategy, load_strategy_file
 
         reg = get_registry()
@@ -194,12 +201,12 @@ class MTPPipeline:
         check_vocabulary(target, tokenizer, f"model {getattr(target, 'name_or_path', '') or type(target).__name__!r}")
         self.target = target
         self.tokenizer = tokenizer
-        file_budget = None
+        file_budget = file_sinks = None
         if isinstance(strategy, str) and strategy.endswith((".yaml", ".yml")):
             if strategy_options:
                 raise InvalidValueError(f"strategy options ({', '.join(sorted(strategy_options))}) cannot be combined "
                                         f"with a strategy file ({strategy}); put them in the file")
-            self.strategy, file_budget = load_strategy_file(strategy, reg)
+            self.strategy, file_budget, file_sinks = load_strategy_file(strategy, reg)
             self.strategy_name = getattr(self.strategy, "name", Path(strategy).stem)
         elif isinstance(strategy, str):
             self.strategy = build_strategy({"type": strategy, **strategy_options}, reg, where=f"strategy {strategy!r}")
@@ -211,17 +218,14 @@ class MTPPipeline:
         if hasattr(self.strategy, "setup"):
             self.strategy.setup(env)
         budget = budget if budget is not None else (file_budget or "dynamic")
-        if isinstance(budget, str):
-            self.budget = reg.create("budget", budget)
-        elif isinstance(budget, dict):
-            opts = dict(budget)
-            btype = opts.pop("type", "dynamic")
-            self.budget = reg.create("budget", btype, **opts)
-        else:
-            self.budget = budget
+        self.budget = build_component("budget", budget, reg, default_type="dynamic")
+        if sinks is not None and not isinstance(sinks, (list, tuple)):
+            raise LightSpecError(f"sinks={sinks!r} is invalid: use a list of sink names, mappings or objects")
+        self.sinks = [build_component("sink", s, reg, where=f"{strategy}: sinks[{i}]") for i, s in enumerate(file_sinks or [])]
+        self.sinks += [build_component("sink", s, reg, where=f"sinks[{i}]") for i, s in enumerate(sinks or [])]
         self.verifier = reg.create("verifier", verifier) if isinstance(verifier, str) else verifier
         self.summary = SummaryCollector()
-        sinks = [self.summary]
+        sinks = [self.summary, *self.sinks]
         self.jsonl = JsonlSink(stats_out) if stats_out else None
         if self.jsonl:
             sinks.append(self.jsonl)

@@ -1,0 +1,278 @@
+"""``dynamic``: the default budget policy, training-free and cost-aware.
+
+Per decision it estimates each row's per-token acceptance a (``AcceptanceModel``; a
+verify of k drafts then yields 1 + a + ... + a^k tokens) and how often the row gets a
+draft at all, prices a step (``CostModel``: verify ``1 + beta * (q - 1)``, drafting
+``f + d * k``, catch-up, overhead, scaled by the guard's ``cost_scale``) and picks the
+k in 0..max_draft that maximises the batch's tokens per unit of time (``best_k``); k = 0
+is plain decoding.  A batch shares one k (every row waits for the widest verify) and
+needs a modelled gain of at least its kind's margin; one row needs 2%.
+
+Plain steps the policy takes on its own, each with its ``Budget.reason``:
+
+* ``"calibrating"``: a batch size seen for the first time is measured by plain steps
+  (``BATCH_CALIBRATION`` for a batch, one for a single row);
+* ``"refresh"``: a batch that speculated ``PLAIN_REFRESH`` steps in a row takes one plain
+  step to renew the plain forward its costs are measured against;
+* ``"hold"``: the throughput guard saw speculation lose (``ThroughputGuard``);
+* ``"recheck"``: a batch that chose k = 0 decides again only after ``RECHECK`` more plain
+  steps, doubling up to ``MAX_RECHECK`` while it keeps choosing 0.
+
+Otherwise the reason is ``"model"`` (the cost model's k, 0 included), ``"probe"`` (a
+batch size whose verify was never measured drafts one token, which measures it) or
+``"seeded"`` (every request seeded: each row's k from its own acceptance and timing-free
+costs, so that the output does not depend on timing or on the other rows).
+
+The confidence gate (``ConfidenceGate``) sets each row's ``min_confidence``.  For a
+single row that speculates, model-free drafters may draft up to ``free_max_draft``.
+The measurements behind these rules: ``docs/design/budget.md``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..hookspecs import hookimpl
+from ..interfaces import Budget, StepContext
+from .acceptance import AcceptanceModel
+from .costs import CostModel
+from .gate import ConfidenceGate
+from .guard import ThroughputGuard
+from .tensors import TensorCache
+
+RECHECK = 2  # plain steps before a batch that chose k = 0 decides again ...
+MAX_RECHECK = 8  # ... doubling up to this many while it keeps choosing 0
+BATCH_CALIBRATION = 3  # plain steps that calibrate a batch size seen for the first time
+PLAIN_REFRESH = 32  # speculative steps in a row after which a batch takes one plain step
+SINGLE_ROW_MARGIN = 1.02  # one row drafts for a modelled gain of at least 2%
+
+
+class DynamicBudget:
+    """Cost-aware draft length from online acceptance, plus an adaptive confidence gate.
+
+    Components (each in its own module): ``acceptance`` (``AcceptanceModel``), ``cost``
+    (``CostModel``: ``t1``, ``beta``, draft costs), ``guard`` (``ThroughputGuard``: hold,
+    cost scale, margin) and ``gate`` (``ConfidenceGate``)."""
+
+    name = "dynamic"
+
+    def __init__(
+        self,
+        max_draft: int = 8,
+        window: int = 16,
+        min_confidence: float = 0.3,
+        beta: float = 0.12,
+        draft_cost: float = 0.05,
+        decay: float = 0.9,
+        guard: bool = True,
+        batch_margin: float = 1.15,
+        free_max_draft: int = 16,
+    ):
+        if not (isinstance(max_draft, int) and max_draft >= 1):
+            raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
+        if not (isinstance(window, int) and window >= 1):
+            raise ValueError(f"window={window!r} is invalid: use an integer >= 1")
+        if not (isinstance(min_confidence, (int, float)) and 0 <= min_confidence < 1):
+            raise ValueError(f"min_confidence={min_confidence!r} is invalid: use a number in [0, 1)")
+        if not (isinstance(beta, (int, float)) and beta >= 0):
+            raise ValueError(f"beta={beta!r} is invalid: use a number >= 0")
+        if not (isinstance(draft_cost, (int, float)) and draft_cost >= 0):
+            raise ValueError(f"draft_cost={draft_cost!r} is invalid: use a number >= 0")
+        if not (isinstance(decay, (int, float)) and 0 < decay < 1):
+            raise ValueError(f"decay={decay!r} is invalid: use a number in (0, 1)")
+        if not isinstance(guard, bool):
+            raise ValueError(f"guard={guard!r} is invalid: use true or false")
+        if not (isinstance(batch_margin, (int, float)) and not isinstance(batch_margin, bool) and batch_margin >= 1):
+            raise ValueError(f"batch_margin={batch_margin!r} is invalid: use a number >= 1")
+        if not (isinstance(free_max_draft, int) and not isinstance(free_max_draft, bool) and free_max_draft >= 0):
+            raise ValueError(f"free_max_draft={free_max_draft!r} is invalid: use an integer >= 0")
+        self.max_draft = max_draft
+        self.free_max_draft = free_max_draft
+        self.base_confidence = min_confidence
+        self.prior_beta = beta
+        self.prior_draft_cost = draft_cost
+        self.batch_margin = float(batch_margin)
+        self.acceptance = AcceptanceModel(decay)
+        self.cost = CostModel(beta, draft_cost)
+        self.guard = ThroughputGuard(self.cost, guard, batch_margin)
+        self.gate = ConfidenceGate(window, min_confidence)
+        self.recheck = 0  # plain steps left before a batch decides again (RECHECK)
+        self.recheck_rows = 0  # ... of that many rows
+        self.recheck_every = RECHECK  # the interval, doubling while the batch keeps choosing k = 0
+        self.deterministic = False  # the current generation's requests are all seeded
+        self.fresh = True  # no decision yet in this generation
+        self.last_k = 0  # the last decision's k (0 for plain and seeded steps)
+        self._tensors = TensorCache()
+        self._plain_budgets: dict[tuple, Budget] = {}
+
+    def reset(self) -> None:
+        """A generation ended (the engine calls this before each ``generate`` run)."""
+        self.guard.reset()
+        self.cost.new_generation()
+        self.acceptance.new_generation()
+        self.gate.new_generation()
+        self.recheck = self.recheck_rows = 0
+        self.recheck_every = RECHECK
+        self.fresh = True
+        self.last_k = 0
+
+    @hookimpl
+    def lightspec_budget(self, ctx: StepContext) -> Budget:
+        B = ctx.batch
+        self.deterministic = ctx.deterministic
+        if ctx.deterministic:
+            return self._reproducible(ctx, self._thresholds(ctx))
+        self.last_k = 0
+        cost, guard = self.cost, self.guard
+        if self.fresh:  # a new generation: start held where this kind of batch has been losing
+            self.fresh = False
+            cost.greedy = ctx.sampling.greedy
+            guard.start_generation((B > 1, ctx.sampling.greedy))
+        key = cost.key(B)
+        plain = cost.plain_forwards.get(key)
+        if plain is None or (B > 1 and len(plain) < BATCH_CALIBRATION):
+            return self._plain(B, ctx.device, "calibrating")
+        if B > 1 and cost.plain_age.get(key, 0) >= PLAIN_REFRESH:
+            return self._plain(B, ctx.device, "refresh")
+        if guard.hold > 0:
+            guard.hold -= 1
+            return self._plain(B, ctx.device, "hold")
+        if self.recheck > 0 and self.recheck_rows == B:
+            self.recheck -= 1
+            return self._plain(B, ctx.device, "recheck")
+        cost.use_fit(key)
+        acceptance = self.acceptance
+        pooled = acceptance.pooled_acceptance("")
+        accs = [h.acceptance(prior=pooled) for h in ctx.history]
+        pooled_hit = acceptance.pooled_hit_rate()
+        hits = [acceptance.hit_rate(rid, pooled_hit) for rid in ctx.row_ids]
+        # the cheapest drafter (by the cost of a one-token draft) decides whether to draft at all
+        costs, fixeds = cost.draft_cost, cost.draft_fixed
+        cheapest = min(costs, key=lambda s: fixeds.get(s, 0.0) + costs[s], default=None)
+        # a batch prices a drafter it has not measured by its structural estimate (prior_cost)
+        cost.hints = (ctx.draft_cost_hints or {}) if B > 1 else {}
+        d = min(cost.hints.values(), default=self.prior_draft_cost) if cheapest is None else costs[cheapest]
+        f = 0.0 if cheapest is None else fixeds.get(cheapest, 0.0) + cost.catch_up(cheapest, B)
+        scale = guard.scale()
+        margin = guard.current_margin() if B > 1 else None
+        k, rate = self._search(accs, d, None, cost.spec_overhead + f, hits, scale, margin)
+        reason = "model"
+        if k > 1 and B > 1 and key not in cost.verified_beta:
+            # a batch size whose verify was never measured borrows its beta: probe with the
+            # narrowest verify, which measures it
+            k, reason = 1, "probe"
+        self.last_k = k
+        if k == 0 and B > 1:
+            again = self.recheck_rows == B  # it chose plain decoding at its last decision too
+            self.recheck_every = min(2 * self.recheck_every, MAX_RECHECK) if again else RECHECK
+            self.recheck, self.recheck_rows = self.recheck_every, B
+        elif k:
+            self.recheck_rows = 0
+        estimates = {"acceptance": pooled, "hit_rate": pooled_hit, "t1": cost.t1, "beta": cost.beta, "draft_cost": d}
+        if reason == "model":
+            estimates["gain"] = rate / B  # modelled tokens per row per plain step's time
+        if k == 0:
+            plain_budget = self._plain(B, ctx.device, reason)
+            return Budget(plain_budget.max_draft, plain_budget.min_confidence, reason=reason, estimates=estimates)
+        by_source: dict[str, list[int]] = {}
+        if len(costs) > 1:  # per-source limits only matter between several drafters
+            for src, c in costs.items():
+                prior = acceptance.pooled_acceptance(src)
+                src_accs = [acceptance.source_acceptance(rid, src, prior) for rid in ctx.row_ids]
+                fixed = cost.spec_overhead + fixeds.get(src, 0.0) + cost.catch_up(src, B)
+                by_source[src] = [min(k, self.best_k(src_accs, c, fixed=fixed, hits=hits, scale=scale, margin=margin))] * B
+        # one row lets model-free drafters (n-gram lookup) size their own drafts: k is the
+        # row's average, the lookup knows its match.  A batch keeps k (the widest verify).
+        free = [max(k, self.free_max_draft)] if B == 1 and self.free_max_draft > k else None
+        return Budget(self._tensors.get((k,) * B, ctx.device), self._thresholds(ctx), by_source=by_source,
+                      free_max_draft=free, reason=reason, estimates=estimates)
+
+    def best_k(self, accs: list[float] | float, draft_cost: float | None = None, beta: float | None = None,
+               fixed: float = 0.0, hits: list[float] | None = None, scale: float = 1.0,
+               margin: float | None = None) -> int:
+        """One draft length for the batch: argmax_k (sum over rows of E[tokens | k]) / cost(k).
+
+        Row b with acceptance probability a_b yields 1 + a_b + ... + a_b^k tokens from a
+        verify of k drafts, or 1 when it gets no draft (``hits[b]``: how often it gets one);
+        the step costs ``scale * (1 + fixed + (beta + draft_cost) * k)`` plain steps for the
+        whole batch when any row gets a draft, and 1 when none does.  k = 0 yields one
+        token per row at cost 1.  A k must beat the best so far by ``margin`` (default: 2%
+        for one row, ``batch_margin`` for a batch).  ``draft_cost`` and ``beta`` default
+        to the prior draft cost and the cost model's current beta."""
+        if isinstance(accs, (int, float)):
+            accs = [accs]
+        return self._search(accs, draft_cost, beta, fixed, hits, scale, margin)[0]
+
+    def _search(self, accs: list[float], draft_cost: float | None, beta: float | None, fixed: float,
+                hits: list[float] | None, scale: float, margin: float | None) -> tuple[int, float]:
+        """``best_k``'s search: (k, its modelled tokens per plain step's time, summed over rows)."""
+        d = self.prior_draft_cost if draft_cost is None else draft_cost
+        slope = (self.cost.beta if beta is None else beta) + d
+        accs = [min(max(a, 0.0), 0.995) for a in accs]
+        hits = [1.0] * len(accs) if hits is None else hits
+        n = float(len(accs))
+        # the verify is only wider than a plain step when some row gets a draft
+        p_any = 1.0
+        for h in hits:
+            p_any *= 1.0 - min(max(h, 0.0), 1.0)
+        p_any = 1.0 - p_any
+        if margin is None:
+            margin = SINGLE_ROW_MARGIN if len(accs) == 1 else self.batch_margin
+        # no k can win when even endless drafts (a + a^2 + ... = a / (1 - a) per row) at the
+        # cheapest speculative step (k = 1) stay below the margin: found in one pass
+        cheapest = 1.0 - p_any + p_any * scale * (1.0 + fixed + slope)
+        ceiling = n + sum(h * a / (1.0 - a) for h, a in zip(hits, accs))
+        if slope >= 0 and ceiling / cheapest <= n * margin:
+            return 0, n
+        best_k, best = 0, n
+        terms = [1.0] * len(accs)
+        gain = n
+        for k in range(1, self.max_draft + 1):
+            for i, a in enumerate(accs):
+                terms[i] *= a
+                gain += hits[i] * terms[i]
+            rate = gain / (1.0 - p_any + p_any * scale * (1.0 + fixed + slope * k))
+            if rate > best * margin:
+                best_k, best = k, rate
+        return best_k, best
+
+    @hookimpl
+    def lightspec_on_stats(self, event) -> None:
+        if getattr(event, "kind", None) != "step":
+            return
+        self.cost.learn(event)
+        self.guard.track(event, self.deterministic)
+        self.guard.check(event)
+        self.acceptance.learn(event, self.last_k > 0, self.cost.draft_cost)
+        self.gate.learn(event)
+
+    def _thresholds(self, ctx: StepContext) -> torch.Tensor:
+        """Each row's confidence threshold, ``[B]`` float32."""
+        return self._tensors.get(self.gate.thresholds(ctx.row_ids), ctx.device)
+
+    def _plain(self, rows: int, device, reason: str) -> Budget:
+        """No drafting this step (the thresholds are then unused: the base one for every
+        row).  One object per batch size and reason, reused (read-only, like its tensors)."""
+        key = (rows, device, reason)
+        b = self._plain_budgets.get(key)
+        if b is None:
+            b = self._plain_budgets[key] = Budget(self._tensors.get((0,) * rows, device),
+                                                  self._tensors.get((float(self.base_confidence),) * rows, device),
+                                                  reason=reason)
+        return b
+
+    def _reproducible(self, ctx: StepContext, taus: torch.Tensor) -> Budget:
+        """Seeded sampling: each row's k from its own acceptance and timing-free costs (the
+        drafters' structural ``draft_cost_hints`` and the prior beta), so that a seeded
+        request gets the same draft lengths, hence the same output, in every run and
+        whatever shares its batch."""
+        hints = ctx.draft_cost_hints or {}
+        cheapest = min(hints.values(), default=self.prior_draft_cost)
+        ks = [self.best_k(h.acceptance(), cheapest, self.prior_beta) for h in ctx.history]
+        by_source = {}
+        if any(ks):
+            for src, cost in hints.items():
+                by_source[src] = [min(k, self.best_k(self.acceptance.source_acceptance(rid, src), cost, self.prior_beta))
+                                  for k, rid in zip(ks, ctx.row_ids)]
+        return Budget(torch.tensor(ks, dtype=torch.long, device=ctx.device), taus, by_source=by_source,
+                      reason="seeded", estimates={"beta": self.prior_beta, "draft_cost": cheapest})

@@ -1,0 +1,75 @@
+"""Every policy says why it chose its draft length (``Budget.reason``) and with which
+numbers (``Budget.estimates``), for the per-step statistics."""
+
+from __future__ import annotations
+
+import pytest
+from lightspec_core.budget import BATCH_CALIBRATION, PLAIN_REFRESH, RECHECK, DynamicBudget, StaticBudget
+from test_budget import T1, calibrate, ctx, history, plain, rows_step, slow_step, step
+
+
+def decide(p, histories, deterministic=False):
+    b = p.lightspec_budget(ctx(histories, deterministic))
+    return b.max_draft.tolist(), b.reason, b.estimates
+
+
+def test_static_reports_static_and_its_k():
+    b = StaticBudget(k=3).lightspec_budget(ctx([history(0, 0)] * 2))
+    assert b.reason == "static" and b.estimates == {"k": 3.0}
+
+
+def test_dynamic_reports_calibration_then_the_models_estimates():
+    p = DynamicBudget(beta=0.1, draft_cost=0.05)
+    good = [history(accepted=20, rejected=2)]
+    ks, reason, est = decide(p, good)
+    assert ks == [0] and reason == "calibrating" and est == {}
+    p.lightspec_on_stats(step(1, T1))
+    ks, reason, est = decide(p, good)
+    assert ks[0] >= 3 and reason == "model"
+    assert set(est) == {"acceptance", "hit_rate", "t1", "beta", "draft_cost", "gain"}
+    assert est["t1"] == pytest.approx(T1) and est["beta"] == pytest.approx(0.1) and est["draft_cost"] == 0.05
+    assert est["acceptance"] == pytest.approx(0.6) and est["hit_rate"] == pytest.approx(0.9)  # the priors
+    # the gain is the modelled tokens per row per plain step's time of the chosen k: the row
+    # gets a draft with probability h (the hit rate), and the verify is paid only then
+    a, h, k = good[0].acceptance(prior=0.6), est["hit_rate"], ks[0]
+    assert est["gain"] == pytest.approx((1 + h * sum(a ** i for i in range(1, k + 1))) / (1 - h + h * (1 + 0.15 * k)))
+    ks, reason, est = decide(p, [history(accepted=0, rejected=20)])
+    assert ks == [0] and reason == "model" and est["gain"] == pytest.approx(1.0)  # plain decoding by the model
+
+
+def test_dynamic_reports_hold_recheck_refresh_probe_and_seeded():
+    batch = [history(accepted=30, rejected=3)] * 8
+    pr = DynamicBudget(beta=0.1, draft_cost=0.01)
+    assert decide(pr, batch)[1] == "calibrating"
+    for _ in range(BATCH_CALIBRATION):
+        pr.lightspec_on_stats(plain(8))
+    ks, reason, est = decide(pr, batch)  # a batch size whose verify was never measured
+    assert ks == [1] * 8 and reason == "probe" and "gain" not in est
+
+    p = DynamicBudget(beta=0.1, draft_cost=0.01)
+    assert decide(p, batch)[1] == "calibrating"  # the generation's first decision
+    calibrate(p, 8)
+    for _ in range(12):
+        assert decide(p, batch)[1] == "model"
+        p.lightspec_on_stats(slow_step(8))
+    assert p.guard.hold == 16
+    ks, reason, est = decide(p, batch)
+    assert ks == [0] * 8 and reason == "hold" and est == {}
+
+    q = DynamicBudget(beta=0.3, draft_cost=0.05)
+    calibrate(q, 8)
+    assert decide(q, [history(0, 40)] * 8)[:2] == ([0] * 8, "model")
+    for _ in range(RECHECK):
+        assert decide(q, [history(40, 1)] * 8)[:2] == ([0] * 8, "recheck")
+
+    r = DynamicBudget(beta=0.12, draft_cost=0.0, guard=False)
+    good = [history(40, 1)] * 8
+    for _ in range(BATCH_CALIBRATION):
+        r.lightspec_on_stats(rows_step(8, 3 * T1))
+    calibrate(r, 8)
+    for _ in range(PLAIN_REFRESH):
+        r.lightspec_on_stats(rows_step(8, 4 * T1, drafted=1, accepted=1))
+    assert decide(r, good)[:2] == ([0] * 8, "refresh")
+
+    ks, reason, est = decide(DynamicBudget(), [history(20, 2)], deterministic=True)
+    assert ks[0] > 0 and reason == "seeded" and est == {"beta": 0.12, "draft_cost": 0.05}
