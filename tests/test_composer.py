@@ -7,7 +7,8 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from lightspec_core.composer import Combination, build_strategy, load_strategy_file
+from lightspec_core.composer import Combination
+from lightspec_core.strategy_files import build_strategy, load_strategy_file
 from lightspec_core.config import KNOWN_KEYS, load_defaults
 from lightspec_core.plugins import get_registry
 from models import ToyTokenizer, cached_model, hf_greedy, make_prompts

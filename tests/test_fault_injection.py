@@ -90,7 +90,7 @@ def test_faulty_drafter_greedy_output_is_hf_greedy(fault, refs, case):
     name = spec if isinstance(spec, str) else spec["type"]
     before = _calls(name)
     if isinstance(spec, dict):
-        from lightspec_core.composer import build_strategy
+        from lightspec_core.strategy_files import build_strategy
 
         spec = build_strategy(spec, get_registry())
     out = _run(spec)
@@ -102,7 +102,7 @@ def test_raising_drafter_failure_is_reported_once_with_a_count(fault, refs, capl
     """propose raises on every call after the second: those steps decode plainly, one
     warning for the whole generate() (not one per step), and the summaries count them."""
     fault("drafters")
-    from lightspec_core.composer import build_strategy
+    from lightspec_core.strategy_files import build_strategy
 
     strategy = build_strategy({"type": "raises_midway", "after": 2}, get_registry())
     with caplog.at_level(logging.WARNING, logger="lightspec"):
@@ -119,7 +119,7 @@ def test_invalid_draft_is_a_reported_failure(fault, refs, caplog, case):
     """A draft the engine cannot verify (ids outside the vocabulary, non-integral ids) is a
     drafter failure: reported (once), the step decoded plainly, the output HF's."""
     fault("drafters")
-    from lightspec_core.composer import build_strategy
+    from lightspec_core.strategy_files import build_strategy
 
     spec = GREEDY_CASES[case]
     strategy = build_strategy(spec if isinstance(spec, dict) else {"type": spec}, get_registry())
@@ -193,7 +193,7 @@ def test_impossible_draft_probability_keeps_the_sampling_distribution(fault, sam
     follows the drafter, not the target.  ``correct`` (the true q) is the control: the
     check passes for honest speculative sampling."""
     fault("drafters")
-    from lightspec_core.composer import build_strategy
+    from lightspec_core.strategy_files import build_strategy
 
     tok, target, prompt, base = sampled_base
     strategy = build_strategy({"type": "zero_probs", "mode": mode}, get_registry())

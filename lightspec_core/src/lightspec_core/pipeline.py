@@ -190,7 +190,7 @@ class MTPPipeline:
         ``"NAME:OPTION=VALUE,..."``, a mapping or an object (after a strategy file's
         ``sinks:``); built ones are in ``self.sinks``."""
         from .component_spec import build_component
-        from .composer import build_strategy, load_strategy_file
+        from .strategy_files import build_strategy, load_strategy_file
 
         reg = get_registry()
         check_strategy_argument(strategy, reg.names("strategy"))
