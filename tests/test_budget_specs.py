@@ -14,9 +14,9 @@ from helpers import save_tiny
 from lightspec_core.budget import DynamicBudget, FeedbackBudget, StaticBudget
 from lightspec_core.cli import main
 from lightspec_core.component_spec import build_component, parse_spec
-from lightspec_core.strategy_files import load_strategy_file
 from lightspec_core.plugins import get_registry
 from lightspec_core.stats import JsonlSink, LogSink
+from lightspec_core.strategy_files import load_strategy_file
 from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
 
 from lightspec_core import ConfigError, LightSpecError, MTPPipeline, hookimpl

@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 from lightspec_core.composer import Combination
-from lightspec_core.strategy_files import build_strategy, load_strategy_file
 from lightspec_core.config import KNOWN_KEYS, load_defaults
 from lightspec_core.plugins import get_registry
+from lightspec_core.strategy_files import build_strategy, load_strategy_file
 from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
 
 from lightspec_core import ConfigError, LightSpecError, MTPPipeline

@@ -6,7 +6,6 @@ with accepted paths that are not the first branch; tree sampling keeps the distr
 from __future__ import annotations
 
 import pytest
-import torch
 from models import ToyTokenizer, build_model, cached_model, hf_greedy, make_prompts
 from public_api_drafters import FeatureHeadDrafter, TreeLookupDrafter
 

@@ -218,8 +218,8 @@ def test_speculative_sampling_matches_plain_sampling(e2e, strategy):
     tok, target, draft, prompt, plain, base = e2e
     spec = E2E_STRATEGIES[strategy]
     if isinstance(spec, dict):
-        from lightspec_core.strategy_files import build_strategy
         from lightspec_core.plugins import get_registry
+        from lightspec_core.strategy_files import build_strategy
 
         spec = build_strategy(spec, get_registry())
     pipe = MTPPipeline(target, tok, strategy=spec, draft_model=None if strategy == "ngram" else draft,

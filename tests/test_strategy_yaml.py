@@ -8,8 +8,8 @@ import textwrap
 import pytest
 import yaml
 from lightspec_core.composer import Combination
-from lightspec_core.strategy_files import build_strategy, load_strategy_file
 from lightspec_core.plugins import get_registry
+from lightspec_core.strategy_files import build_strategy, load_strategy_file
 
 from lightspec_core import ConfigError, safe_yaml
 
