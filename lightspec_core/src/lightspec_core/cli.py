@@ -23,8 +23,8 @@ class _Group(click.Group):
         self._plugins_loaded = True
         from .plugins import get_registry
 
-        reg = get_registry(strict=True if ctx.params.get("strict_plugins") else None)
-        reg.pm.hook.lightspec_register_commands(cli=self)
+        strict = bool(ctx.params.get("strict_plugins"))
+        get_registry(strict=True if strict else None).register_commands(self, strict=strict)
 
     def get_command(self, ctx, name):
         cmd = super().get_command(ctx, name)

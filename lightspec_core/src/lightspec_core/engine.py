@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .engine_parts import Batch, FailureLog, Profiler, Row, StepOutput, check_proposal, check_result
+from .contracts import check_proposal, check_result
+from .engine_parts import Batch, FailureLog, Profiler, Row, StepOutput
 from .errors import InvalidValueError
 from .interfaces import Budget, DraftProposal, StepContext, VerifyResult
 from .limits import context_length
@@ -72,25 +73,28 @@ class Engine:
     @torch.inference_mode()
     def run(self, prompts: list[list[int]], max_new_tokens: list[int], sampling: SamplingParams,
             seeds: list[int | None], stop: list[str], eos_ids: set[int],
-            on_prefill: Callable[[int, float], None] | None = None) -> Iterator[list[StepOutput]]:
-        """Generate for ``prompts`` (token id lists); yields each step's outputs (the first
-        from the prefill), until every row has finished."""
+            on_prefill: Callable[[int, float], None] | None = None,
+            requests: list[int] | None = None) -> Iterator[list[StepOutput]]:
+        """Generate for ``prompts`` (token id lists) as one batch; yields each step's outputs
+        (the first from the prefill), until every row has finished.  ``requests``: the request
+        index of each prompt (default 0, 1, ...), as ``StepOutput.request`` and in the stats."""
         for reset in self.bound.resets:
             reset()
         self.failures.start()
         try:
-            yield from self._generate(prompts, max_new_tokens, sampling, seeds, stop, eos_ids, on_prefill)
+            yield from self._generate(prompts, max_new_tokens, sampling, seeds, stop, eos_ids, on_prefill,
+                                      requests or list(range(len(prompts))))
         finally:  # also when the caller stops early (a closed stream)
             self.failures.finish()
 
-    def _generate(self, prompts, max_new_tokens, sampling, seeds, stop, eos_ids, on_prefill):
+    def _generate(self, prompts, max_new_tokens, sampling, seeds, stop, eos_ids, on_prefill, requests):
         context = context_length(self.target)
         if context is not None and max(map(len, prompts)) > context:
             raise InvalidValueError(f"a prompt has {max(map(len, prompts))} tokens; this model's context is {context} "
                                     f"tokens: shorten it")
         rows = [Row(i, list(p), len(p), m, stop, s if s is not None else int(torch.randint(0, 2**62, (1,))),
                     make_generator(0, self.device), make_generator(0, self.device), context=context)
-                for i, (p, m, s) in enumerate(zip(prompts, max_new_tokens, seeds))]
+                for i, p, m, s in zip(requests, prompts, max_new_tokens, seeds)]
         batch = Batch(rows, sampling, deterministic=all(s is not None for s in seeds) and not sampling.greedy)
         # the cache grows on demand: start with room for the prompts and a first stretch of output
         longest = max(map(len, prompts))

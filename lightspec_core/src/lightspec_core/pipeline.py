@@ -27,6 +27,7 @@ from .arguments import (
     token_id_list,
 )
 from .engine import BoundStrategy, Engine
+from .engine_parts import length_groups
 from .errors import InvalidTypeError, InvalidValueError, LightSpecError
 from .limits import context_length
 from .loading import (
@@ -360,20 +361,25 @@ class MTPPipeline:
         t0 = time.perf_counter()
         generated: dict[int, list[int]] = {i: [] for i in range(len(ids))}
 
-        def on_prefill(n, seconds):
-            for s in starts.values():
-                s.prefill_time_s = seconds
+        # prompts of very different lengths run as separate batches (length_groups): each row's
+        # KV slabs are as long as its batch's longest prompt
+        for group in length_groups([len(p) for p in ids], min(max_new, 256) + 32):
 
-        for outputs in self.engine.run(ids, [max_new] * len(ids), params, seeds, stops, eos, on_prefill):
-            for o in outputs:
-                generated[o.request].extend(o.tokens)
-                if o.finish_reason:
-                    s = starts[o.request]
-                    s.new_tokens = len(generated[o.request])
-                    s.finish_reason = o.finish_reason
-                    s.wall_time_s = time.perf_counter() - t0
-                    self.engine.emit(s)  # sinks hear about finished requests too
-                yield o, generated[o.request]
+            def on_prefill(n, seconds, group=group):
+                for i in group:
+                    starts[i].prefill_time_s = seconds
+
+            for outputs in self.engine.run([ids[i] for i in group], [max_new] * len(group), params,
+                                           [seeds[i] for i in group], stops, eos, on_prefill, requests=group):
+                for o in outputs:
+                    generated[o.request].extend(o.tokens)
+                    if o.finish_reason:
+                        s = starts[o.request]
+                        s.new_tokens = len(generated[o.request])
+                        s.finish_reason = o.finish_reason
+                        s.wall_time_s = time.perf_counter() - t0
+                        self.engine.emit(s)  # sinks hear about finished requests too
+                    yield o, generated[o.request]
 
     def _collect(self, it, single: bool):
         final: dict[int, list[int]] = {}

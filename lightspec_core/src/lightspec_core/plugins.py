@@ -208,6 +208,24 @@ class PluginRegistry:
         self.failures.append(failure)
         log.warning("%s; skipped", failure)
 
+    def register_commands(self, cli, strict: bool = False) -> None:
+        """Call every plugin's ``lightspec_register_commands(cli)`` on its own: one that raises
+        (anything but KeyboardInterrupt, ``SystemExit`` included) is reported and skipped, as a
+        plugin that fails to load is (fatal in strict mode)."""
+        for impl in self.pm.hook.lightspec_register_commands.get_hookimpls():
+            try:
+                impl.function(cli=cli)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a plugin must not end the CLI
+                info = self.plugins.get(impl.plugin_name)
+                failure = PluginFailure(impl.plugin_name, info.distribution if info else "?",
+                                        "lightspec_register_commands", describe_failure(exc))
+                if strict:
+                    raise PluginError(f"{failure} (strict plugin loading is on)") from None
+                self.failures.append(failure)
+                log.warning("%s; its commands are skipped", failure)
+
     # -- lookups -------------------------------------------------------------------------
 
     def get(self, kind: str, name: str) -> Component:
