@@ -58,6 +58,7 @@ def check_proposal(p: DraftProposal, limits: list[int], vocab: int, sampling: Sa
     if padded:  # zero what lies beyond each row's length
         real = torch.arange(N, device=p.tokens.device)[None, :] < p.lengths[:, None]
         p.tokens = torch.where(real, p.tokens, 0)
+    p.__dict__["_node_rows"] = [row[:n] for row, n in zip(toks, lens)]  # node_rows(), from the lists read above
     if pars is not None:
         if chain:
             p.parents = None

@@ -132,8 +132,8 @@ class NgramDrafter:
         conf = [[self.acceptance(c, j) if not ctx.deterministic else (0.7 if c >= 2 else 0.4) for j in range(k)]
                 for c in classes]
         ent = [[-(a * math.log(a) + (1 - a) * math.log(1 - a)) for a in row] for row in conf]
-        return DraftProposal(tokens=tokens, lengths=lengths, source=self.name,
-                             confidence=torch.tensor(conf, device=ctx.device), entropy=torch.tensor(ent, device=ctx.device))
+        both = torch.tensor([conf, ent], device=ctx.device)  # one tensor for the two: [2, B, k]
+        return DraftProposal(tokens=tokens, lengths=lengths, source=self.name, confidence=both[0], entropy=both[1])
 
     @hookimpl
     def lightspec_on_stats(self, event) -> None:
