@@ -1,4 +1,9 @@
-"""A lean forward for Llama-family decoders, used by the model drafters.
+"""A lean forward for Llama-family decoders, used by the model drafters and the target runner.
+
+(One module, over 400 lines, on purpose: its three forwards (the exact op-by-op one, the
+fast one for drafts, the chained one) share the block preparation and the mask and rotary
+helpers, and the exact and chained ones must stay bit-identical to each other and to HF's;
+keeping them side by side keeps that contract in one place.)
 
 Why: a drafter runs one forward per drafted token, and for small models much of a
 Hugging Face forward is not arithmetic but module dispatch, mask construction and output
