@@ -97,3 +97,15 @@ def test_tree_sampling_keeps_the_distribution():
         stat = sum((a[c] - b[c]) ** 2 / (a[c] + b[c]) for c in cats)  # equal sample sizes
         df = max(1, len(cats) - 1)
         assert stat < df + 4 * (2 * df) ** 0.5 + 10, f"position {pos}: chi2 {stat:.1f} on {df} df"
+
+
+def test_hf_forward_hidden_states_leave_no_hooks_on_the_model():
+    """On HF's forward, hidden states are captured with hooks that exist only during the
+    target runner's forwards: a model passed in carries none of them afterwards."""
+    model = build_model("llama", seed=3)
+    drafter = FeatureHeadDrafter(model)
+    out = MTPPipeline(model, ToyTokenizer(), strategy=drafter, budget={"type": "static", "k": 2},
+                      lean_target=False).generate(PROMPTS[:2], max_new_tokens=6, ignore_eos=True)
+    assert [o.token_ids for o in out] == [hf_greedy(model, p, 6) for p in PROMPTS[:2]]
+    assert drafter.received > 0
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

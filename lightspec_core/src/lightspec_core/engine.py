@@ -146,14 +146,15 @@ class Engine:
     # -- the stages ------------------------------------------------------------------------
 
     def _prepare(self, batch: Batch) -> StepContext:
-        """The step's context: read-only views of the rows, per-row generators re-seeded from
-        (request seed, position) so a seeded request does not depend on its batch."""
+        """The step's context, per-row generators re-seeded from (request seed, position) so a
+        seeded request does not depend on its batch.  The rows' read-only sequences are added
+        when a budget policy is asked (``_budget``): a plain strategy never pays for them."""
         batch.step += 1
         rows = batch.active_rows()
         if not batch.sampling.greedy:
             batch.seed_generators(stream=None)
         return StepContext(
-            step=batch.step, sequences=tuple(tuple(r.tokens) for r in rows), row_ids=[r.request for r in rows],
+            step=batch.step, sequences=(), row_ids=[r.request for r in rows],
             sampling=batch.sampling, generators=[r.draft_gen for r in rows], history=[r.history for r in rows],
             target=self.target, tokenizer=self.tokenizer, device=self.device, vocab_size=self.vocab_size,
             runner=self.runner, deterministic=batch.deterministic,
@@ -164,6 +165,7 @@ class Engine:
         context's budget fields and ``batch.limits``; None when the policy was not asked or failed."""
         if self.bound.propose is None or self.failures.backing_off():
             return None
+        ctx.sequences = tuple(tuple(r.tokens) for r in batch.active_rows())
         try:
             budget = self.bound.budget(ctx=ctx)
         except Exception as exc:

@@ -63,26 +63,44 @@ def _shallow(module: nn.Module) -> nn.Module:
 
 
 class HiddenCapture:
-    """Record hidden states on every forward of ``model``.
+    """Record hidden states on the forwards of ``model``.
 
     Layer id ``i`` follows HF's ``output_hidden_states`` numbering: 0 is the embedding
     output, i in 1..N-1 is the output of block i-1 (the input of block i), and N is the
     output of the last block after the final norm.  ``states[i]`` is ``[B, q, H]``.
+
+    ``attached=True`` (default) records every forward from now on, through forward hooks on
+    the model's modules, until ``remove()``.  ``attached=False`` leaves the model untouched
+    and records only inside ``with capture:`` (the hooks exist for that block alone: the
+    target runner does this, so a model passed in by a user carries no hooks of ours).
     """
 
-    def __init__(self, model: nn.Module, layer_ids: list[int]):
+    def __init__(self, model: nn.Module, layer_ids: list[int], attached: bool = True):
         _, layers = decoder_layers(model)
         n = len(layers)
         self.states: dict[int, torch.Tensor] = {}
         self.handles = []
+        self.points = []  # (module, layer id, pre-hook?)
         for i in sorted(set(layer_ids)):
             if not 0 <= i <= n:
                 raise ValueError(f"hidden layer id {i} is invalid: use 0..{n} for this model")
-            if i < n:
-                self.handles.append(layers[i].register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
+            self.points.append((layers[i], i, True) if i < n else (final_norm(model), i, False))
+        if attached:
+            self._attach()
+
+    def _attach(self) -> None:
+        for module, i, pre in self.points:
+            if pre:
+                self.handles.append(module.register_forward_pre_hook(self._pre_hook(i), with_kwargs=True))
             else:
-                norm = final_norm(model)
-                self.handles.append(norm.register_forward_hook(self._post_hook(i)))
+                self.handles.append(module.register_forward_hook(self._post_hook(i)))
+
+    def __enter__(self) -> "HiddenCapture":
+        self._attach()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
 
     def _pre_hook(self, i):
         def hook(module, args, kwargs):

@@ -14,6 +14,7 @@ live here and in the modules it calls, never in the engine's step.
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from typing import Sequence
 
 import torch
@@ -120,7 +121,8 @@ class TargetRunner:
         self.hidden_layers = sorted(set(hidden_layers))
         self.capture = None
         if self.hidden_layers:
-            self.capture = lean_fwd.capture(self.hidden_layers) if lean_fwd is not None else HiddenCapture(model, self.hidden_layers)
+            self.capture = (lean_fwd.capture(self.hidden_layers) if lean_fwd is not None
+                            else HiddenCapture(model, self.hidden_layers, attached=False))
         self.kv: KVCache | None = None
         self.device = next(model.parameters()).device
         self.model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
@@ -160,12 +162,22 @@ class TargetRunner:
         # (logits_to_keep): the lm_head over a whole prompt is a large, useless matmul
         keep = P - min(lens) + 1 if self.keeps_logits else P
         extra = {"logits_to_keep": keep} if self.keeps_logits else {}
-        return self._output(self.kv.forward(ids.to(self.device), valid, **extra), B, P, first_slot=P - keep)
+        with self._hooks():
+            out = self.kv.forward(ids.to(self.device), valid, **extra)
+        return self._output(out, B, P, first_slot=P - keep)
+
+    def _hooks(self):
+        """The HF forward's hidden-state hooks, on the model for one forward only."""
+        return self.capture if isinstance(self.capture, HiddenCapture) else nullcontext()
 
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, tree: torch.Tensor | None = None) -> TargetOutput:
         """Append ``tokens [B, Q]`` (``valid [B, Q]``: real slots, each row's first; ``tree [B, Q]``:
         each slot's parent slot, -1 = continues the cache) to the cache and run the target."""
-        out = self.kv.forward(tokens, valid, tree, head=False) if self.lean is not None else self.kv.forward(tokens, valid, tree)
+        if self.lean is not None:
+            out = self.kv.forward(tokens, valid, tree, head=False)
+        else:
+            with self._hooks():
+                out = self.kv.forward(tokens, valid, tree)
         return self._output(out, tokens.shape[0], tokens.shape[1])
 
     def verify_forward(self, last: list[int], proposal: DraftProposal | None, nodes: list[list[int]] | None,
