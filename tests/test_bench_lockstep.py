@@ -115,7 +115,7 @@ def test_round_order_balances_positions_over_each_pair_of_rounds():
 
 def test_student_t_cdf_matches_tabulated_quantiles():
     import pytest
-    from lightspec_core.bench import _T95, _student_t_cdf
+    from lightspec_core.bench_stats import _T95, _student_t_cdf
 
     # the two-sided 95% quantiles the intervals use: P(T <= -t) = 0.025 for each df
     for df, t in enumerate(_T95, start=1):

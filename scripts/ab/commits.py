@@ -9,8 +9,9 @@ folder and imported under another name; each version loads its own copy of the z
 (``--limit`` per workload), every strategy runs the prompt once in each version, the order
 alternating from prompt to prompt, batch 1, greedy, 64 new tokens, one thread.  Reported per
 strategy: the new version's speed relative to the old one (total tokens over total time),
-the geometric mean of the per-prompt ratios with its 95% interval, and whether every output
-is identical.
+the geometric mean of the per-prompt ratios with its 95% interval, whether every output is
+identical, and each version's verify steps and drafted tokens (the dynamic budget decides
+from measured times, so two versions may draft differently; ``--budget`` fixes a policy).
 """
 from __future__ import annotations
 
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--limit", type=int, default=5)
+    ap.add_argument("--budget", default=None, help="a budget policy for both versions, e.g. static (default: each strategy's own)")
     ap.add_argument("strategies", nargs="*", default=["none", "ngram", "draft_model", "layerskip", "hybrid"])
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -65,7 +67,9 @@ def main() -> None:
         pipeline = importlib.import_module(pkg.__name__ + ".pipeline")
         target = pipeline.load_model(str(target_path), dev, dt)
         draft = pipeline.load_model(str(draft_path), dev, dt)
-        versions[label] = {s: pkg.MTPPipeline(target, tok, strategy=s, draft_model=draft if s in ("draft_model", "hybrid") else None)
+        budget = {"type": args.budget} if args.budget else None
+        versions[label] = {s: pkg.MTPPipeline(target, tok, strategy=s, budget=budget,
+                                              draft_model=draft if s in ("draft_model", "hybrid") else None)
                            for s in args.strategies}
     prompts = [p for ps in load_prompt_sets(None, "default", args.limit).values() for p in ps]
     ids = [tok(p)["input_ids"] for p in prompts]
@@ -73,6 +77,8 @@ def main() -> None:
         for pipe in versions[label].values():
             pipe.generate([ids[0]], max_new_tokens=16, ignore_eos=True)
     tokens = {(v, s): 0 for v in versions for s in args.strategies}
+    drafted = {(v, s): 0 for v in versions for s in args.strategies}
+    steps = {(v, s): 0 for v in versions for s in args.strategies}
     seconds = {(v, s): 0.0 for v in versions for s in args.strategies}
     logs: dict[str, list[float]] = {s: [] for s in args.strategies}
     identical = {s: True for s in args.strategies}
@@ -89,18 +95,24 @@ def main() -> None:
                     took[v] = time.perf_counter() - t0
                     outs[v] = r.token_ids
                     tokens[(v, s)] += len(r.token_ids)
+                    drafted[(v, s)] += r.stats.drafted
+                    steps[(v, s)] += r.stats.steps
                     seconds[(v, s)] += took[v]
                 identical[s] = identical[s] and outs["old"] == outs["new"]
                 logs[s].append(math.log(took["old"] / took["new"]))
     report = {"old_ref": args.old_ref, "rounds": args.rounds, "prompts": len(ids), "strategies": {}}
-    print(f"{'strategy':12s} {'new/old speed':>14s} {'per-prompt geo-mean (95% CI)':>30s}  identical")
+    print(f"{'strategy':12s} {'new/old speed':>14s} {'per-prompt geo-mean (95% CI)':>30s}  identical  "
+          "steps old/new  drafted old/new")
     for s in args.strategies:
         speed = (tokens[("new", s)] / seconds[("new", s)]) / (tokens[("old", s)] / seconds[("old", s)])
         mean, lo, hi = ratio_interval(logs[s])
         report["strategies"][s] = {"speed_ratio": speed, "per_prompt_geomean": mean, "ci95": [lo, hi],
                                    "identical": identical[s],
+                                   "steps": {v: steps[(v, s)] for v in versions},
+                                   "drafted": {v: drafted[(v, s)] for v in versions},
                                    "tokens_per_s": {v: tokens[(v, s)] / seconds[(v, s)] for v in versions}}
-        print(f"{s:12s} {speed:14.3f} {mean:12.3f} ({lo:.3f}-{hi:.3f})  {identical[s]}")
+        print(f"{s:12s} {speed:14.3f} {mean:12.3f} ({lo:.3f}-{hi:.3f})  {identical[s]!s:9s}  "
+              f"{steps[('old', s)]}/{steps[('new', s)]}  {drafted[('old', s)]}/{drafted[('new', s)]}")
     Path(args.out).write_text(json.dumps(report, indent=2))
 
 

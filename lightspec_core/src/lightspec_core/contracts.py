@@ -46,7 +46,7 @@ def check_proposal(p: DraftProposal, limits: list[int], vocab: int, sampling: Sa
     for b, (n, m, row) in enumerate(zip(lens, limits, toks)):
         if n < 0 or n > m or n > N:
             raise ValueError(f"proposal row {b} has length {n}, allowed 0..{min(m, N)}")
-        if any(t < 0 or t >= vocab for t in row[:n]):
+        if n and (min(row[:n]) < 0 or max(row[:n]) >= vocab):
             raise ValueError(f"proposal row {b} has token ids outside [0, {vocab}): {[t for t in row[:n] if not 0 <= t < vocab][:3]}")
         padded = padded or any(row[n:])
         if pars is not None:

@@ -66,6 +66,7 @@ class NgramDrafter:
         self.reached = {c: [0.0] * max_draft for c in MATCH_CLASSES}
         self.taken = {c: [0.0] * max_draft for c in MATCH_CLASSES}
         self.pending: dict[int, tuple[int, int]] = {}  # request -> (match class, tokens drafted) of its last draft
+        self._estimate_cache: dict[tuple[int, bool], tuple[list[float], list[float]]] = {}
 
     def reset(self) -> None:
         self.indexes = {}
@@ -129,11 +130,20 @@ class NgramDrafter:
         lengths = torch.tensor([len(d) for d in drafts], dtype=torch.long, device=ctx.device)
         # confidence: the estimated chance that the target accepts each node given the ones
         # before; entropy: that estimate's binary entropy (a lookup has no distribution of its own)
-        conf = [[self.acceptance(c, j) if not ctx.deterministic else (0.7 if c >= 2 else 0.4) for j in range(k)]
-                for c in classes]
-        ent = [[-(a * math.log(a) + (1 - a) * math.log(1 - a)) for a in row] for row in conf]
-        both = torch.tensor([conf, ent], device=ctx.device)  # one tensor for the two: [2, B, k]
+        rows = [self._estimates(c, ctx.deterministic) for c in classes]
+        both = torch.tensor([[r[0][:k] for r in rows], [r[1][:k] for r in rows]], device=ctx.device)  # [2, B, k]
         return DraftProposal(tokens=tokens, lengths=lengths, source=self.name, confidence=both[0], entropy=both[1])
+
+    def _estimates(self, n: int, prior_only: bool) -> tuple[list[float], list[float]]:
+        """Per draft position of a class-``n`` match: (the estimated acceptance, its binary
+        entropy), kept until the counts change (``lightspec_on_stats``)."""
+        key = (n, prior_only)
+        cached = self._estimate_cache.get(key)
+        if cached is None:
+            conf = [(0.7 if n >= 2 else 0.4) if prior_only else self.acceptance(n, j) for j in range(self.max_draft)]
+            ent = [-(a * math.log(a) + (1 - a) * math.log(1 - a)) for a in conf]
+            cached = self._estimate_cache[key] = (conf, ent)
+        return cached
 
     @hookimpl
     def lightspec_on_stats(self, event) -> None:
@@ -150,6 +160,7 @@ class NgramDrafter:
             for j in range(self.max_draft):
                 reached[j] *= STATS_DECAY
                 taken[j] *= STATS_DECAY
+            self._estimate_cache.pop((n, False), None)
             for j in range(min(mine, a + 1)):
                 reached[j] += 1.0
                 taken[j] += 1.0 if j < a else 0.0
