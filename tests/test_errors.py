@@ -1,6 +1,7 @@
 """Bad input gets one clear error naming the value and what is allowed (issue 25): through
 the API an ``InvalidTypeError`` / ``InvalidValueError`` (``TypeError`` / ``ValueError``
-and ``LightSpecError``), through the CLI one ``error:`` line and exit code 2."""
+and ``LightSpecError``), through the CLI one ``error:`` line and exit code 2.  (Over 400 lines: one test per case of the
+issue's list, in its order, so the file reads as that list.)"""
 
 from __future__ import annotations
 

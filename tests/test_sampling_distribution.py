@@ -1,4 +1,5 @@
-"""Sampling keeps the target distribution.
+"""Sampling keeps the target distribution.  (Over 400 lines: the synthetic and the end-to-end
+distribution tests share their statistics helpers.)
 
 * ``verify_chain`` on synthetic distributions, in the spirit of vLLM's
   ``test_rejection_sampling_approximates_target_distribution``: as the number of samples

@@ -192,3 +192,14 @@ def test_long_chain_of_definitions_is_refused(tmp_path):
         lines += [f"  - name: s{i}", "    type: combination", f"    components: [ngram, s{i + 1}]"]
     lines += ["  - name: s40", "    type: ngram", "default: s0"]
     expect_error(tmp_path, "\n".join(lines) + "\n", "strategies nest deeper than 32 levels")
+
+
+def test_budget_file_billion_laughs_is_refused(tmp_path):
+    """A ``--budget`` YAML file is read within the same limits as strategy files."""
+    from lightspec_core.component_spec import parse_spec
+
+    path = tmp_path / "budget.yaml"
+    path.write_text(billion_laughs())
+    with pytest.raises(ConfigError, match="refused") as info:
+        parse_spec(str(path), "budget")
+    assert str(info.value).startswith(str(path)) and len(str(info.value)) < 400

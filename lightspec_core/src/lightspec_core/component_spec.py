@@ -45,14 +45,9 @@ def _scalar(kind: str, text: str, option: str, raw: str):
 
 
 def _from_file(kind: str, path: Path) -> dict:
-    import yaml
+    from . import safe_yaml
 
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{kind} file {str(path)!r} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = safe_yaml.load_file(path, kind)  # within limits: no recursive aliases, bounded expansion
     if isinstance(data, dict) and "type" not in data and kind in data:
         data = data[kind]  # a file with a top-level ``budget:`` mapping (other keys are not ours)
     if isinstance(data, str):

@@ -26,7 +26,8 @@ from .arguments import (
     stop_list,
     token_id_list,
 )
-from .engine import BoundStrategy, Engine
+from .binding import bind
+from .engine import Engine
 from .engine_parts import length_groups
 from .errors import InvalidTypeError, InvalidValueError, LightSpecError
 from .limits import context_length
@@ -40,7 +41,7 @@ from .loading import (
     load_model,
     load_tokenizer,
 )
-from .plugins import get_registry, new_plugin_manager
+from .plugins import get_registry
 from .sampling import SamplingParams
 from .stats import JsonlSink, LogSink, RequestSummary, SummaryCollector
 
@@ -128,43 +129,6 @@ def default_draft_path() -> str | None:
 def _check_cpu_kernels_flag(cpu_kernels) -> None:
     if not (cpu_kernels is None or isinstance(cpu_kernels, bool)):
         raise LightSpecError(f"cpu_kernels={cpu_kernels!r} is invalid: use None (auto), True or False")
-
-
-def bind(name: str, strategy, verifier, budget, sinks: list) -> BoundStrategy:
-    """Resolve the per-step hooks of the pipeline's components to plain callables."""
-    pm = new_plugin_manager()
-    objects = [strategy, verifier, budget, *sinks]
-    for i, obj in enumerate(objects):
-        pm.register(obj, name=f"{i}:{getattr(obj, 'name', type(obj).__name__)}")
-    for plugin in get_registry().pm.get_plugins():  # global plugins may be stats sinks too
-        if hasattr(plugin, "lightspec_on_stats") and pm.get_name(plugin) is None:
-            pm.register(plugin)
-    pm.check_pending()
-
-    def first(hookname, owner):
-        impl = getattr(owner, hookname, None)
-        return impl
-
-    sink_impls = list(reversed(pm.hook.lightspec_on_stats.get_hookimpls()))
-    on_stats = [impl.function for impl in sink_impls]
-    propose = first("lightspec_propose", strategy)
-    verify = first("lightspec_verify", verifier)
-    budget_fn = first("lightspec_budget", budget)
-    if verify is None:
-        raise LightSpecError(f"verifier {getattr(verifier, 'name', verifier)!r} does not implement lightspec_verify")
-    if budget_fn is None:
-        raise LightSpecError(f"budget policy {getattr(budget, 'name', budget)!r} does not implement lightspec_budget")
-    return BoundStrategy(
-        name=name,
-        propose=propose,
-        verify=verify,
-        budget=budget_fn,
-        sinks=on_stats,
-        resets=[obj.reset for obj in objects if callable(getattr(obj, "reset", None))],
-        hidden_layers=list(getattr(strategy, "hidden_layers", []) or []),
-        draft_cost_hints=getattr(strategy, "draft_cost_hints", None) if callable(getattr(strategy, "draft_cost_hints", None)) else None,
-        sink_names=[impl.plugin_name for impl in sink_impls],
-    )
 
 
 class MTPPipeline:

@@ -92,3 +92,23 @@ def load(text: str) -> Any:
         raise YamlLimitError(f"nested too deeply to read (more than {MAX_DEPTH} levels)") from None
     finally:
         loader.dispose()
+
+
+def load_file(path, kind: str) -> Any:
+    """``load`` of a file, every problem as one ``ConfigError`` line naming the file:
+    missing (``"{kind} file 'x' does not exist"``), over the limits, or not YAML."""
+    from pathlib import Path
+
+    import yaml
+
+    from .errors import ConfigError
+
+    path = Path(path)
+    try:
+        return load(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{kind} file {str(path)!r} does not exist") from None
+    except YamlLimitError as exc:
+        raise ConfigError(f"{path}: refused: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None

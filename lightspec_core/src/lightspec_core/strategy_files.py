@@ -132,19 +132,10 @@ def load_strategy_file(path: str | Path, registry) -> tuple[Any, dict | str | No
     YAML is read safely and within limits (``safe_yaml``: no recursive aliases, a bounded
     size once aliases are expanded, bounded nesting).
     """
-    import yaml
-
     from . import safe_yaml
 
     path = Path(path)
-    try:
-        data = safe_yaml.load(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"strategy file {str(path)!r} does not exist") from None
-    except safe_yaml.YamlLimitError as exc:
-        raise ConfigError(f"{path}: refused: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    data = safe_yaml.load_file(path, "strategy")
     if not isinstance(data, dict) or not isinstance(data.get("strategies"), list) or not data["strategies"]:
         raise ConfigError(f"{path}: expected a mapping with a non-empty list under key 'strategies'")
     unknown = set(data) - {"strategies", "default", "sinks"}
