@@ -120,3 +120,19 @@ def test_argmax_last_is_torch_argmax_with_ties_and_nan():
     assert torch.equal(argmax_last(x), x.argmax(dim=-1))
     y = torch.randn(3, 5, 8192, generator=torch.Generator().manual_seed(2))
     assert torch.equal(argmax_last(y[:, 1]), y[:, 1].argmax(dim=-1)) and argmax_last(y).dtype == torch.int64
+
+
+def test_target_output_reads_only_the_slots_asked_for():
+    """``logits_at`` / ``hidden_states_at`` address slots flat (b * Q + j); an output whose
+    logits start at a later slot (a prefill's logits_to_keep) maps them."""
+    logits = torch.randn(2, 4, 7)
+    states = {3: torch.randn(2, 4, 5)}
+    out = TargetOutput(2, 4, None, logits, states)
+    assert torch.equal(out.logits_at([1, 6]), torch.stack([logits[0, 1], logits[1, 2]]))
+    assert torch.equal(out.hidden_states_at(3, [7, 0]), torch.stack([states[3][1, 3], states[3][0, 0]]))
+    kept = TargetOutput(2, 4, None, logits[:, 2:], states, first_slot=2)  # only slots 2, 3 have logits
+    assert torch.equal(kept.logits_at([3, 6]), torch.stack([logits[0, 3], logits[1, 2]]))
+    assert kept.argmax_at([2]) == [int(logits[0, 2].argmax())]
+    # slots in any order, consecutive or not, give those slots' rows
+    for flat in ([0, 1, 3, 2], [0, 1, 3, 2, 4], [2, 3, 4, 5], [5, 4]):
+        assert torch.equal(out.logits_at(flat), logits.reshape(8, 7)[flat])

@@ -56,15 +56,16 @@ class TargetOutput:
             raise ValueError(f"this output has logits only from slot {self._first} on; use logits_at")
         return self._logits
 
-    def _rows(self, flat: Sequence[int] | torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        """``source [B, Q, X]`` at the flat slots → ``[n, X]`` (a view when they are one run)."""
+    def _rows(self, flat: Sequence[int] | torch.Tensor, source: torch.Tensor, first: int = 0) -> torch.Tensor:
+        """``source [B, Q', X]`` at the flat slots → ``[n, X]`` (a view when they are one run);
+        ``first``: ``source`` holds only slots ``first ..`` of each row (Q' = Q - first)."""
         Q = source.shape[1]
-        if self._first:
-            flat = [f - self._first * (f // self.slots + 1) for f in flat]
+        if first:
+            flat = [f - first * (f // self.slots + 1) for f in flat]
         if isinstance(flat, torch.Tensor):
             return source.reshape(-1, source.shape[-1]).index_select(0, flat)
         n = len(flat)
-        if n and flat[-1] - flat[0] == n - 1 and (n == 1 or flat[1] == flat[0] + 1):
+        if n and flat[-1] - flat[0] == n - 1 and list(flat) == list(range(flat[0], flat[0] + n)):
             b, j = divmod(flat[0], Q)
             if j + n <= Q:  # one row's consecutive slots
                 return source[b, j : j + n]
@@ -76,7 +77,7 @@ class TargetOutput:
     def logits_at(self, flat: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """Logits ``[n, V]`` at the given flat slots, the lm_head applied to those slots only."""
         if self._logits is not None:
-            return self._rows(flat, self._logits)
+            return self._rows(flat, self._logits, self._first)
         t = time.perf_counter()
         out = self._head(self._rows(flat, self._hidden))
         self.head_s += time.perf_counter() - t
@@ -86,11 +87,15 @@ class TargetOutput:
         """The target's greedy token (first maximum) at each of the given flat slots, fused
         into the lm_head where the runner has a fused kernel."""
         if self._logits is not None:
-            return argmax_last(self._rows(flat, self._logits)).tolist()
+            return argmax_last(self._rows(flat, self._logits, self._first)).tolist()
         t = time.perf_counter()
         out = self._head_argmax(self._rows(flat, self._hidden)).reshape(-1).tolist()
         self.head_s += time.perf_counter() - t
         return out
+
+    def hidden_states_at(self, layer: int, flat: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """The captured states ``[n, H]`` of ``layer`` at the given flat slots."""
+        return self._rows(flat, self.hidden_states(layer))
 
     def hidden_states(self, layer: int) -> torch.Tensor:
         """The target's hidden states ``[B, Q, H]`` of ``layer`` (HF ``output_hidden_states``
