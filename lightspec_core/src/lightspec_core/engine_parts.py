@@ -127,14 +127,14 @@ class Batch:
         """Keep the hidden states of the committed slots (``slots[b]`` of row b, whose first
         token is at sequence position ``first_positions[b]``) of the forward ``out``, for
         the strategy's next ``propose``.  Nothing is kept when no layer was captured."""
-        if not out._states:
+        if not out.captured:
             return
         M = max(len(s) for s in slots)
         if all(s == list(range(len(s))) for s in slots):  # prefixes (chains): a slice, no gather
-            states = {i: h[:, :M] for i, h in out._states.items()}
+            states = {i: h[:, :M] for i, h in out.captured.items()}
         else:
-            index = torch.tensor([s + [0] * (M - len(s)) for s in slots], device=next(iter(out._states.values())).device)
-            states = {i: h.gather(1, index[:, :, None].expand(-1, -1, h.shape[-1])) for i, h in out._states.items()}
+            index = torch.tensor([s + [0] * (M - len(s)) for s in slots], device=next(iter(out.captured.values())).device)
+            states = {i: h.gather(1, index[:, :, None].expand(-1, -1, h.shape[-1])) for i, h in out.captured.items()}
         self.pending.append((states, [len(s) for s in slots], list(first_positions)))
         if sum(max(n) for _, n, _ in self.pending) > MAX_PENDING_HIDDEN:
             self.pending = [_join(self.pending, keep_last=MAX_PENDING_HIDDEN)]

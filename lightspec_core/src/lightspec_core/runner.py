@@ -93,6 +93,11 @@ class TargetOutput:
         self.head_s += time.perf_counter() - t
         return out
 
+    @property
+    def captured(self) -> dict[int, torch.Tensor]:
+        """Every captured layer's states ``{layer: [B, Q, H]}`` (empty when none was asked for)."""
+        return self._states
+
     def hidden_states_at(self, layer: int, flat: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """The captured states ``[n, H]`` of ``layer`` at the given flat slots."""
         return self._rows(flat, self.hidden_states(layer))
