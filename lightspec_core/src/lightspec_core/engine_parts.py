@@ -156,6 +156,38 @@ class Batch:
         """The strategy has taken the pending states (its ``propose`` returned)."""
         self.pending = []
 
+    def add_row(self, row: Row, out, prompt_len: int) -> None:
+        """Admit ``row``, prefilled alone in ``out`` (a one-row ``TargetOutput``), after the
+        active rows; its prompt's hidden states join the pending ones (continuous batching)."""
+        self.rows.append(row)
+        self.active.append(len(self.rows) - 1)
+        self._active_rows = [self.rows[b] for b in self.active]
+        if not out.captured:
+            return
+        mine = {i: h[:, :prompt_len] for i, h in out.captured.items()}
+        if not self.pending:  # the others have no states waiting: theirs are empty
+            n = len(self._active_rows) - 1
+            ref = next(iter(mine.values()))
+            self.pending = [({i: ref.new_zeros(n, 0, ref.shape[-1]) for i in mine}, [0] * n,
+                             [len(r.tokens) - 1 for r in self._active_rows[:-1]])]
+        states, lengths, positions = _join(self.pending) if len(self.pending) > 1 else self.pending[0]
+        M = max(max(lengths, default=0), prompt_len)
+        joined = {}
+        for i, h in states.items():
+            out_h = h.new_zeros(h.shape[0] + 1, M, h.shape[-1])
+            out_h[: h.shape[0], : h.shape[1]] = h
+            out_h[h.shape[0], :prompt_len] = mine[i][0]
+            joined[i] = out_h
+        self.pending = [(joined, lengths + [prompt_len], positions + [0])]
+
+    def forget_finished(self) -> None:
+        """Keep only the active rows in ``rows`` (a long-running batch must not keep every
+        request it ever served)."""
+        self.rows = list(self._active_rows)
+        self.active = list(range(len(self.rows)))
+        if not self.rows:
+            self.pending = []
+
     def drop_finished(self) -> list[int] | None:
         """Drop finished rows; return the positions (in the old active list) of the rows
         kept, or None when none finished."""

@@ -75,3 +75,11 @@ class MaskBuilder:
 
     def copy_from(self, other: "MaskBuilder") -> None:
         self.positions = other.positions.clone()
+
+    def append_rows(self, other: "MaskBuilder") -> None:
+        """Add ``other``'s rows after this builder's (``KVCache.append_rows``)."""
+        width = max(self.positions.shape[1], other.positions.shape[1])
+        joined = self.positions.new_zeros(self.positions.shape[0] + other.positions.shape[0], width)
+        joined[: self.positions.shape[0], : self.positions.shape[1]] = self.positions
+        joined[self.positions.shape[0] :, : other.positions.shape[1]] = other.positions
+        self.positions = joined

@@ -273,6 +273,30 @@ class KVCache:
         elif self.has_holes:
             self.has_holes = not bool(self.valid[:, : self.cols].all())
 
+    def append_rows(self, other: "KVCache") -> None:
+        """Add ``other``'s rows (a cache of the same model and layout, e.g. a new request's
+        prefill) after this cache's, keeping every row's tokens and positions: continuous
+        batching admits rows into a running batch this way.  In the per-row layout each row
+        keeps its own columns; with holes the shorter side's missing columns become holes."""
+        if self.per_row != other.per_row or (self.masks is None) != (other.masks is None):
+            raise ValueError("append_rows needs two caches of the same model and layout")
+        B, cols = self.batch, max(self.cols, other.cols)
+        width = max(self.valid.shape[1], other.valid.shape[1], cols)
+        valid = torch.zeros(B + other.batch, width, dtype=torch.bool, device=self.device)
+        valid[:B, : self.cols] = self.valid[:, : self.cols]
+        valid[B:, : other.cols] = other.valid[:, : other.cols]
+        if not self.per_row and self.cols != other.cols:
+            self.has_holes = True
+        self.has_holes = self.has_holes or other.has_holes
+        while len(self.cache.layers) < len(other.cache.layers):
+            self.cache.layers.append(SlabLayer(self.cache.capacity))
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.append_rows(theirs, cols)
+        self.cache.capacity = max(self.cache.capacity, other.cache.capacity)
+        self.valid, self.npos, self.cols = valid, torch.cat([self.npos, other.npos]), cols
+        if self.masks is not None:
+            self.masks.append_rows(other.masks)
+
     def copy_from(self, other: "KVCache", layers: int) -> None:
         """Become a copy of ``other``'s cache of its first ``layers`` layers, with its rows'
         bookkeeping (a drafter that shares the target's first blocks starts from the target's

@@ -92,6 +92,22 @@ class SlabLayer(DynamicLayer):
             self.k_slab = self.k_slab.index_select(0, indices)
             self.v_slab = self.v_slab.index_select(0, indices)
 
+    def append_rows(self, other: "SlabLayer", length: int) -> None:
+        """Add ``other``'s rows after this layer's (slabs padded to the larger capacity); both
+        layers then use ``length`` columns."""
+        if other.is_initialized != self.is_initialized:
+            raise ValueError("append_rows needs two layers that both have slabs or both have none (prefill both first)")
+        if other.is_initialized:
+            cap = max(self.capacity, other.capacity, length)
+            for name in ("k_slab", "v_slab"):
+                mine, theirs = getattr(self, name), getattr(other, name)
+                joined = mine.new_zeros(mine.shape[0] + theirs.shape[0], mine.shape[1], cap, mine.shape[3])
+                joined[: mine.shape[0], :, : mine.shape[2]] = mine
+                joined[mine.shape[0] :, :, : theirs.shape[2]] = theirs
+                setattr(self, name, joined)
+            self.capacity = cap
+        self.set_length(length)
+
     def gather_columns(self, index: torch.Tensor, new_length: int) -> None:
         """Rebuild the first ``new_length`` columns from ``index [B, new_length]`` (old column ids)."""
         if not self.is_initialized:

@@ -233,6 +233,8 @@ class ModelDrafter:
             pl = ctx.prefix_lengths.tolist()
             pre = ctx.prefix.tolist()
             contexts = [tuple(seq) + tuple(pre[b][: pl[b]]) for b, seq in enumerate(contexts)]
+        if self.kv is not None and not set(ctx.row_ids) <= set(self.row_ids):
+            self.kv = None  # a row joined the batch (continuous batching): the draft cache starts again
         if self.kv is None:
             self.kv = KVCache(self.runner, B, ctx.device, capacity=max(len(s) for s in contexts) + 64)
             if self.hot is not None:  # the frequent tokens plus every token of these requests
