@@ -70,7 +70,11 @@ class EngineSession:
         room = min(max_new_tokens, 256, (context - len(prompt)) if context is not None else 256)
         running = eng.runner.kv if batch.active_rows() else None
         eng.runner.start(1, capacity=len(prompt) + room + 32)
-        out = eng.runner.prefill([prompt])
+        try:
+            out = eng.runner.prefill([prompt])
+        except BaseException:
+            eng.runner.kv = running  # the running rows keep their cache
+            raise
         if running is not None:
             running.append_rows(eng.runner.kv)
             eng.runner.kv = running

@@ -166,6 +166,7 @@ class MTPPipeline:
         check_vocabulary(target, tokenizer, f"model {getattr(target, 'name_or_path', '') or type(target).__name__!r}")
         self.target = target
         self.tokenizer = tokenizer
+        self.draft_model_source = draft_model  # what the server gives each strategy it builds
         file_budget = file_sinks = None
         if isinstance(strategy, str) and strategy.endswith((".yaml", ".yml")):
             if strategy_options:
@@ -368,6 +369,20 @@ class MTPPipeline:
             if delta:
                 sent[o.request] = text
                 yield delta if single else (o.request, delta)
+
+    def serve(self, port: int = 8080, batch_size: int = 32, host: str = "127.0.0.1", api_key: str | None = None,
+              max_queue: int = 256, **options) -> None:
+        """Serve this pipeline's model over an OpenAI-compatible HTTP API until interrupted
+        (``lightspec_core.server.serve``; needs ``pip install lightspec-core[serve]``).
+        ``batch_size``: requests decoded together (continuous batching); ``max_queue``:
+        requests waiting beyond them (429 when full); ``api_key``: required as a bearer token
+        when set.  Requests may pick another strategy (``"strategy"``, ``"none"`` = off)."""
+        try:
+            from .server import serve
+        except ImportError as exc:
+            raise LightSpecError(f"serving needs the serve extra ({exc.name} is missing): "
+                                 "pip install 'lightspec-core[serve]'") from None
+        serve(self, port=port, batch_size=batch_size, host=host, api_key=api_key, max_queue=max_queue, **options)
 
     def results_stats(self) -> list[RequestSummary]:
         return [self.summary.summaries[i] for i in sorted(self.summary.summaries)]
