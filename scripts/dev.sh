@@ -18,7 +18,7 @@ setup() {
   fi
   local plugins=()
   for p in plugins/*/; do [ -f "$p/pyproject.toml" ] && plugins+=(-e "$p"); done
-  .venv/bin/pip install -q -e kernels -e lightspec_core -e zoo "${plugins[@]}" pytest
+  .venv/bin/pip install -q -e kernels -e "lightspec_core[serve,test]" -e zoo "${plugins[@]}" pytest
 }
 
 cmd=${1:-}

@@ -105,12 +105,17 @@ def _defaults() -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Print results as JSON.")
 @click.option("--lean-target/--hf-target", default=True, show_default=True,
               help="Run the target through LightSpec's exact lean forward when it reproduces HF's bit for bit (Llama family); --hf-target forces HF's forward.")
+@click.option("--batch-size", type=int, default=None,
+              help="Decode the prompts in batches of N, in file order, with a progress bar on stderr (default: one batch).")
 @_sampling_options
 def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop, eos_token_ids, ignore_eos, threads,
-        budget, sinks, device, dtype, stats_out, stream, as_json, lean_target, temperature, top_p, top_k, min_p, seed):
+        budget, sinks, device, dtype, stats_out, stream, as_json, lean_target, batch_size, temperature, top_p, top_k,
+        min_p, seed):
     """Generate text with a speculative-decoding strategy."""
     d = _defaults()
     prompts = read_prompts(prompt, prompts_file)
+    if batch_size is not None and batch_size < 1:
+        raise InvalidValueError(f"--batch-size {batch_size} is invalid: use an integer >= 1")
     if max_new_tokens is None:
         max_new_tokens = d.get("max_new_tokens", 128)
     if max_new_tokens < 1:
@@ -156,7 +161,7 @@ def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop
         s = pipe.results_stats()[0]
         click.echo(_summary_line(pipe.strategy_name, s), err=True)
         return
-    results = pipe.generate(prompts, **kwargs)
+    results = _generate_batches(pipe, prompts, batch_size or len(prompts), kwargs)
     if as_json:
         click.echo(json.dumps([
             {"prompt": p, "text": r.text, "token_ids": r.token_ids, "finish_reason": r.finish_reason,
@@ -166,6 +171,21 @@ def run(model, strategy, draft_model, prompt, prompts_file, max_new_tokens, stop
     for p, r in zip(prompts, results):
         click.echo(p + r.text)
         click.echo(_summary_line(pipe.strategy_name, r.stats), err=True)
+
+
+def _generate_batches(pipe, prompts: list[str], batch_size: int, kwargs: dict) -> list:
+    """``pipe.generate`` over consecutive batches of ``batch_size`` prompts; a progress bar
+    (prompts done) on stderr when there is more than one batch."""
+    from tqdm import tqdm
+
+    batches = [prompts[i : i + batch_size] for i in range(0, len(prompts), batch_size)]
+    results = []
+    with tqdm(total=len(prompts), unit="prompt", desc="generating", file=sys.stderr,
+              disable=len(batches) < 2) as bar:
+        for batch in batches:
+            results.extend(pipe.generate(batch, **kwargs))
+            bar.update(len(batch))
+    return results
 
 
 def _budget_and_sinks(budget, sinks: tuple[str, ...]):
@@ -309,6 +329,14 @@ def _set_threads(threads: int | None) -> None:
 
     torch.set_num_threads(threads)
 
+
+def _add_commands() -> None:
+    from .cli_serve import serve
+
+    cli.add_command(serve)
+
+
+_add_commands()
 
 # click >= 8.2 raises this for a group called without a command (older click prints the help itself)
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())

@@ -177,7 +177,8 @@ def build_app(pipe, config: ServerConfig | None = None) -> FastAPI:
                            f"context of {context} tokens: use max_tokens <= {room}", param="max_tokens",
                            code="context_length_exceeded")
         loop = asyncio.get_running_loop()
-        job = Job(ids, max_tokens, strategy, req.sampling, req.seed, req.stop, loop, asyncio.Queue())
+        job = Job(ids, max_tokens, strategy, req.sampling, req.seed, req.stop, loop, asyncio.Queue(),
+                  ignore_eos=req.ignore_eos)
         try:
             scheduler.submit(job)
         except QueueFull:

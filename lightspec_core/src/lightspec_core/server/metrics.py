@@ -65,6 +65,8 @@ class ServerMetrics:
         self.e2e = Histogram(P + "e2e_request_latency_seconds", "Time from arrival to the last token",
                              buckets=REQUEST_BUCKETS, registry=r)
         self.requests = Counter(P + "request_success", "Finished requests", ["finish_reason"], registry=r)
+        self.cancelled = Counter(P + "request_cancelled", "Requests whose client went away before the end",
+                                 registry=r)
         self._lock = threading.Lock()
         self._window: deque[tuple[float, int]] = deque()
         self._totals: dict[str, list[int]] = {}  # strategy -> [drafted, accepted, emitted, row steps]
@@ -140,6 +142,9 @@ class ServerMetrics:
     def request_done(self, job, summary) -> None:
         self.e2e.observe(time.perf_counter() - job.submitted)
         self.requests.labels(summary.finish_reason if summary is not None and summary.finish_reason else "stop").inc()
+
+    def request_cancelled(self) -> None:
+        self.cancelled.inc()
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -51,6 +51,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    ignore_eos: bool = False
 
 
 def parse_json(raw: bytes) -> dict:
@@ -170,6 +171,9 @@ def parse_request(body: dict, kind: str, vocab: int, context: int | None) -> Gen
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise _bad("stream", stream, "true or false")
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise _bad("ignore_eos", ignore_eos, "true or false")
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise _bad("stream_options", opts, "an object such as {\"include_usage\": true}")
@@ -178,4 +182,4 @@ def parse_request(body: dict, kind: str, vocab: int, context: int | None) -> Gen
     sampling = SamplingParams(temperature=temperature if temperature > 1e-30 else 0.0, top_k=max(top_k, 0),
                               top_p=top_p, min_p=min_p)
     return GenerationRequest(kind, model, prompt, messages, max_tokens, strategy, sampling, seed, _stop(body),
-                             stream, include_usage)
+                             stream, include_usage, ignore_eos)

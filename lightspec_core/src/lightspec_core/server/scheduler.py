@@ -32,6 +32,7 @@ from ..sampling import SamplingParams
 log = logging.getLogger("lightspec.server")
 
 RESET_EVERY = 256
+MAX_GROUPS = 8  # pipelines kept at once (one per strategy and sampling setting in use)
 
 
 class QueueFull(Exception):
@@ -50,6 +51,7 @@ class Job:
     stop: list[str]
     loop: asyncio.AbstractEventLoop
     events: asyncio.Queue
+    ignore_eos: bool = False  # no token id ends the row (max_tokens or a stop string do)
     id: int = 0
     generated: int = 0
     cancelled: bool = False
@@ -155,6 +157,8 @@ class Scheduler:
                 group.session.remove(rid)
                 group.pipe.summary.summaries.pop(rid, None)
                 del self.running[rid]
+                if self.metrics is not None:
+                    self.metrics.request_cancelled()
         self._gauges()
 
     def _admit(self) -> None:
@@ -175,7 +179,9 @@ class Scheduler:
                 log.warning("building strategy %r failed: %s: %s", job.strategy, type(exc).__name__, exc)
                 job.send(("error", 500, f"strategy {job.strategy!r} could not be built: {type(exc).__name__}: {exc}"))
                 continue
-            if group.draining:
+            if group is not None and group.draining and not len(group.session):
+                group.draining, group.admitted = False, 0  # drained: the next add starts it afresh
+            if group is None or group.draining:
                 skipped.append(job)
                 continue
             self._start(job, group)
@@ -184,12 +190,19 @@ class Scheduler:
                 self.waiting.extendleft(reversed(skipped))
         self._gauges()
 
-    def _group(self, job: Job) -> Group:
-        key = (job.strategy, job.sampling)
+    def _group(self, job: Job) -> Group | None:
+        """The group for ``job``, built on first use; None when ``MAX_GROUPS`` are all busy."""
+        key = (job.strategy, job.sampling, job.ignore_eos)
         group = self.groups.get(key)
         if group is None:
+            if len(self.groups) >= MAX_GROUPS:  # forget an idle group's pipeline first
+                idle = next((k for k, g in self.groups.items() if not len(g.session)), None)
+                if idle is None:
+                    return None
+                self.groups.pop(idle).session.close()
             pipe = self.make_pipeline(job.strategy, job.sampling)
-            group = self.groups[key] = Group(key, pipe, EngineSession(pipe.engine, job.sampling, pipe.eos_ids))
+            eos = set() if job.ignore_eos else pipe.eos_ids
+            group = self.groups[key] = Group(key, pipe, EngineSession(pipe.engine, job.sampling, eos))
         return group
 
     def _start(self, job: Job, group: Group) -> None:
