@@ -41,7 +41,8 @@ class ServerConfig:
     (429 when full); ``api_key``: required as ``Authorization: Bearer KEY`` on every route
     but /health when set; ``max_body_bytes``: larger bodies get 413; ``model_name``: the id
     clients send as ``model`` (default: the model folder's name); ``pipeline_options``:
-    passed to every group's ``MTPPipeline`` (e.g. ``budget``)."""
+    passed to every group's ``MTPPipeline`` (e.g. ``budget``); ``strategy_options``:
+    ``{strategy: options}`` added for that strategy's pipelines only."""
 
     batch_size: int = 32
     max_queue: int = 256
@@ -50,6 +51,7 @@ class ServerConfig:
     model_name: str | None = None
     draft_model: object = None
     pipeline_options: dict | None = None
+    strategy_options: dict | None = None
 
 
 class _FeedSink:
@@ -103,7 +105,8 @@ def build_app(pipe, config: ServerConfig | None = None) -> FastAPI:
 
     def make_pipeline(strategy: str, sampling):
         sinks = [metrics.for_strategy(strategy)] + ([_FeedSink(feed)] if feed is not None else [])
-        return MTPPipeline(target, tokenizer, strategy=strategy, draft_model=draft, sinks=sinks, **options)
+        extra = {**options, **(cfg.strategy_options or {}).get(strategy, {})}
+        return MTPPipeline(target, tokenizer, strategy=strategy, draft_model=draft, sinks=sinks, **extra)
 
     scheduler = Scheduler(make_pipeline, cfg.batch_size, cfg.max_queue, metrics)
 

@@ -65,6 +65,8 @@ class ServerMetrics:
         self.e2e = Histogram(P + "e2e_request_latency_seconds", "Time from arrival to the last token",
                              buckets=REQUEST_BUCKETS, registry=r)
         self.requests = Counter(P + "request_success", "Finished requests", ["finish_reason"], registry=r)
+        self.failures = Counter(P + "step_failures", "Steps in which a strategy component failed (decoded plainly)",
+                                ["strategy"], registry=r)
         self.cancelled = Counter(P + "request_cancelled", "Requests whose client went away before the end",
                                  registry=r)
         self._lock = threading.Lock()
@@ -120,6 +122,8 @@ class ServerMetrics:
             if d:
                 self.pos_rate.labels(strategy, str(i)).set(a / d)
         self.tps.set(tps)
+        if event.failure:
+            self.failures.labels(strategy).inc()
         self.step_latency.labels(strategy).observe(event.step_time_s)
         self.bubble.labels(strategy).observe(event.bubble_ratio)
         ks = event.budget_k or []
