@@ -226,14 +226,22 @@ async def send(client, url: str, spec: Spec, prompts: list[str], max_tokens: int
     return res
 
 
-async def run_round(url: str, specs: list[Spec], prompts: list[str], max_tokens: int, model: str):
+async def run_round(url: str, specs: list[Spec], prompts: list[str], max_tokens: int, model: str, label: str = ""):
     import httpx
+    from tqdm import tqdm
 
     limits = httpx.Limits(max_connections=len(specs) + 8, max_keepalive_connections=len(specs) + 8)
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(1800.0)) as client:
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(send(client, url, s, prompts, max_tokens, model) for s in specs))
-        return results, time.perf_counter() - t0
+        with tqdm(total=len(specs), desc=label or "requests", unit="req", file=sys.stderr, leave=False) as bar:
+
+            async def one(spec):
+                res = await send(client, url, spec, prompts, max_tokens, model)
+                bar.update()
+                return res
+
+            t0 = time.perf_counter()
+            results = await asyncio.gather(*(one(s) for s in specs))
+            return results, time.perf_counter() - t0
 
 
 def summary(results: list[Result], wall: float) -> dict:
@@ -304,11 +312,11 @@ def main(argv=None) -> int:
     try:
         strategies = [args.strategy, "ngram", "none"]
         warm = fault_round(max(16, args.requests // 4), len(prompts), strategies, rng)
-        asyncio.run(run_round(url, warm, prompts, args.max_tokens, "m"))
+        asyncio.run(run_round(url, warm, prompts, args.max_tokens, "m", "warm-up"))
         wait_idle(url)
         baseline = rss(proc.pid)
         specs = fault_round(args.requests, len(prompts), strategies, rng)
-        results, wall = asyncio.run(run_round(url, specs, prompts, args.max_tokens, "m"))
+        results, wall = asyncio.run(run_round(url, specs, prompts, args.max_tokens, "m", "fault round"))
         failures += check_fault_round(results, want)
         kinds = {k: sum(1 for s in specs if s.kind == k) for k in ("plain", "stream", "disconnect", "malformed")}
         kinds["flaky"] = sum(1 for s in specs if s.strategy == "flaky" and s.kind in ("plain", "stream"))
@@ -318,7 +326,7 @@ def main(argv=None) -> int:
             failures.append("the flaky drafter never failed: the fault was not exercised")
         for label, strategy in (("speculation_on", args.strategy), ("speculation_off", "none")):
             specs = [Spec("plain", i % len(prompts), strategy) for i in range(args.requests)]
-            results, wall = asyncio.run(run_round(url, specs, prompts, args.max_tokens, "m"))
+            results, wall = asyncio.run(run_round(url, specs, prompts, args.max_tokens, "m", label))
             failures += check_fault_round(results, want, label)
             report[label] = summary(results, wall)
         idle = wait_idle(url)
@@ -397,7 +405,7 @@ def hf_round(args, prompts: list[str]) -> dict:
     try:
         specs = [Spec("plain", i % len(prompts)) for i in range(args.requests)]
         asyncio.run(run_round(url, specs[:4], prompts, args.max_tokens, args.model))
-        results, wall = asyncio.run(run_round(url, specs, prompts, args.max_tokens, args.model))
+        results, wall = asyncio.run(run_round(url, specs, prompts, args.max_tokens, args.model, "transformers serve"))
         out = summary(results, wall)
         out["errors"] = sorted({r.error[:200] for r in results if r.error})[:3]
         return out
