@@ -10,7 +10,7 @@ from lightspec_core.errors import InvalidValueError
 from lightspec_core.sampling import SamplingParams
 from models import ToyTokenizer, cached_model, make_prompts
 
-from lightspec_core import MTPPipeline
+from lightspec_core import MTPPipeline, hookimpl
 
 
 def _pipe(arch: str, strategy: str, **kw):
@@ -115,3 +115,46 @@ def test_engine_run_unchanged_by_sessions():
     after = [r.token_ids for r in pipe.generate(prompts, max_new_tokens=10, ignore_eos=True)]
     assert before == after
     assert torch.is_inference_mode_enabled() is False
+
+
+class _Recorder:
+    """Records the target hidden states handed to ``propose`` per (request, position); never drafts."""
+
+    name = "recorder"
+    hidden_layers = [1]
+
+    def __init__(self):
+        self.seen: dict[int, dict[int, torch.Tensor]] = {}
+
+    def draft_cost_hints(self):
+        return {self.name: 0.0}
+
+    @hookimpl
+    def lightspec_propose(self, ctx):
+        if ctx.hidden_states:
+            h, n, p = ctx.hidden_states[1], ctx.hidden_lengths.tolist(), ctx.hidden_positions.tolist()
+            for b, rid in enumerate(ctx.row_ids):
+                assert p[b] + n[b] == len(ctx.sequences[b]) - 1  # the documented invariant
+                for j in range(n[b]):
+                    self.seen.setdefault(rid, {})[p[b] + j] = h[b, j].clone()
+        return None
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_joining_row_hands_its_prompt_states_to_the_strategy(arch):
+    prompts = make_prompts(3, seed=4)
+    news = [9, 6, 11]
+    rec = _Recorder()
+    pipe = MTPPipeline(cached_model(arch), ToyTokenizer(), strategy=rec, budget={"type": "static", "k": 2})
+    _staggered(pipe, prompts, news)
+    joined = rec.seen
+    for i, p in enumerate(prompts):
+        alone = _Recorder()
+        MTPPipeline(cached_model(arch), ToyTokenizer(), strategy=alone, budget={"type": "static", "k": 2}).generate(
+            [p], max_new_tokens=news[i], ignore_eos=True)
+        want = alone.seen[0]
+        # alone, the last step does not ask the strategy (no room to draft); in a batch it may
+        assert set(want) <= set(joined[i]) <= set(range(len(p) + news[i] - 1))
+        assert set(range(len(p))) <= set(want)  # every prompt position, the joining prefill's included
+        for pos, h in want.items():
+            torch.testing.assert_close(joined[i][pos], h, rtol=1e-5, atol=1e-5)
