@@ -19,6 +19,8 @@
    serve`` on the same model folder: requests/s and p50/p99 latency.
 
 Exit status 0 when every check passed, 1 otherwise; ``--json`` writes the measurements.
+(Over 400 lines: one self-contained script, including the server child it starts, so that
+it runs as a file with nothing else to install or import from the tests.)
 """
 
 from __future__ import annotations
