@@ -137,6 +137,20 @@ def test_stop_string_is_cut_and_seeded_sampling_repeats(served):
     assert a == b
 
 
+@pytest.mark.parametrize("strategy", ["none", "ngram"])
+def test_seeded_sampling_equals_offline_seeded_generation(served, strategy):
+    handle, _, tok = served
+    model, _ = cached_tiny()
+    offline = MTPPipeline(model, tok, strategy=strategy)
+    c = _client(handle.url)
+    for seed in (1, 2, 3):
+        r = c.completions.create(model="tiny", prompt=PROMPTS[seed], max_tokens=12, temperature=0.8, top_p=0.9,
+                                 seed=seed, extra_body={"strategy": strategy, "ignore_eos": True})
+        want = offline.generate(PROMPTS[seed], max_new_tokens=12, temperature=0.8, top_p=0.9, seed=seed,
+                                ignore_eos=True).text
+        assert r.choices[0].text == want, seed
+
+
 def test_models_health_and_metrics(served):
     handle, _, _ = served
     models = _client(handle.url).models.list()
@@ -269,3 +283,12 @@ def test_full_queue_gets_429_and_a_disconnect_frees_the_slot(small):
     assert _metric(small.url, "lightspec:request_cancelled_total") == before + 1  # the long request left early
     r = httpx.post(small.url + "/v1/completions", headers=AUTH, json={"model": "tiny", "prompt": "a", "max_tokens": 2})
     assert r.status_code == 200
+
+
+def test_a_plain_request_whose_client_leaves_frees_its_slot(small):
+    before = _metric(small.url, "lightspec:request_cancelled_total")
+    body = {"model": "tiny", "prompt": "the cat", "max_tokens": LONG - 16, "ignore_eos": True, "strategy": "none"}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes its connection
+        httpx.post(small.url + "/v1/completions", headers=AUTH, json=body, timeout=httpx.Timeout(60, read=1.0))
+    _wait(lambda: _metric(small.url, "lightspec:request_cancelled_total") == before + 1, "the row to be dropped")
+    _wait(lambda: _health(small.url)["running"] == 0, "the slot to be freed")

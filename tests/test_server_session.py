@@ -158,3 +158,20 @@ def test_a_joining_row_hands_its_prompt_states_to_the_strategy(arch):
         assert set(range(len(p))) <= set(want)  # every prompt position, the joining prefill's included
         for pos, h in want.items():
             torch.testing.assert_close(joined[i][pos], h, rtol=1e-5, atol=1e-5)
+
+
+def test_step_stats_carry_the_queue_backlog():
+    events = []
+
+    class Sink:
+        @hookimpl
+        def lightspec_on_stats(self, event):
+            if event.kind == "step":
+                events.append(event.queue_backlog)
+
+    pipe = MTPPipeline(cached_model("llama"), ToyTokenizer(), strategy="none", sinks=[Sink()])
+    session = EngineSession(pipe.engine, SamplingParams(), eos_ids=set())
+    session.add(0, make_prompts(1)[0], 4)
+    session.step(queue_backlog=5)
+    session.step()
+    assert events == [5, 0]

@@ -264,6 +264,7 @@ class Engine:
             confidence=conf, entropy=ent, stage_s=stages, target_forward_s=fwd_s,
             draft_forward_s=ctx.timer.model_s, draft_setup_s=ctx.timer.setup_s, draft_by_source=dict(ctx.timer.by_source),
             overhead_s=max(0.0, step_s - busy), verify_tokens=out.slots, failure=self.failures.step_failure(ctx.step),
+            queue_backlog=batch.queue_backlog,
             budget_k=list(ctx.max_draft_list) if budget is not None else [0] * B,
             budget_reason=budget.reason if budget is not None else "plain",
             budget_estimates=dict(budget.estimates) if budget is not None else {},

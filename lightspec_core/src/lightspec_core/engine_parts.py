@@ -71,6 +71,7 @@ class Batch:
         self._active_rows = list(rows)
         self.sampling, self.deterministic = sampling, deterministic
         self.step = 0
+        self.queue_backlog = 0  # requests waiting to join (a server sets it; reported in the step stats)
         self.limits: list[int] = []  # this step's draft limit per active row
         # target hidden states not yet handed to the strategy: (states {layer: [B, n, H]},
         # lengths [B], first positions [B]) per forward since its last propose

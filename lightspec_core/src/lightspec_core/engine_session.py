@@ -90,11 +90,13 @@ class EngineSession:
         return result
 
     @torch.inference_mode()
-    def step(self) -> list[StepOutput]:
+    def step(self, queue_backlog: int = 0) -> list[StepOutput]:
         """One ``Engine.step`` for every active row (nothing when there is none); finished rows
-        leave the batch afterwards."""
+        leave the batch afterwards.  ``queue_backlog``: requests waiting to join, reported in
+        the step's statistics (``StepStats.queue_backlog``)."""
         if not len(self):
             return []
+        self.batch.queue_backlog = queue_backlog
         outputs = self.engine.step(self.batch, self.eos_ids)
         self._drop_finished()
         return outputs

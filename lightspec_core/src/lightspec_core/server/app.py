@@ -32,6 +32,7 @@ from .scheduler import Job, QueueFull, Scheduler
 
 log = logging.getLogger("lightspec.server")
 
+DISCONNECT_POLL_S = 0.5  # how often a plain (non-streaming) request checks that its client is still there
 DEFAULT_MAX_TOKENS = {"completion": 16, "chat": 256}  # OpenAI's completions default; chat: until the context
 
 
@@ -224,13 +225,19 @@ def build_app(pipe, config: ServerConfig | None = None) -> FastAPI:
 
     async def _collect(request, job, kind, rid, model, text, prompt_tokens):
         out = []
+        loop = asyncio.get_running_loop()
+        next_check = loop.time() + DISCONNECT_POLL_S
         while True:
             try:
-                event = await asyncio.wait_for(job.events.get(), timeout=0.5)
+                event = await asyncio.wait_for(job.events.get(), timeout=DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
+                event = None
+            if loop.time() >= next_check:  # has the client gone away? (checked while tokens flow too)
+                next_check = loop.time() + DISCONNECT_POLL_S
                 if await request.is_disconnected():
                     scheduler.cancel(job)
                     return Response(status_code=499)
+            if event is None:
                 continue
             if event[0] == "error":
                 raise APIError(event[1], event[2], code="server_error" if event[1] >= 500 else None)

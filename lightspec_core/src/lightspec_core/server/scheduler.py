@@ -229,7 +229,7 @@ class Scheduler:
 
     def _step(self, group: Group) -> None:
         try:
-            outputs = group.session.step()
+            outputs = group.session.step(queue_backlog=len(self.waiting))
         except Exception as exc:  # noqa: BLE001 - one group's failure stays in that group
             log.warning("a step of strategy %r failed: %s: %s; its requests are failed", group.key[0],
                         type(exc).__name__, exc)
