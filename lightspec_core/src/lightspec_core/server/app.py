@@ -20,6 +20,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..hookspecs import hookimpl
@@ -155,7 +156,7 @@ def build_app(pipe, config: ServerConfig | None = None) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     async def generate(request: Request, kind: str):
         raw = await _read_body(request, cfg.max_body_bytes)
