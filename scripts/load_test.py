@@ -313,9 +313,14 @@ def main(argv=None) -> int:
     proc = start(cmd, url)
     try:
         strategies = [args.strategy, "ngram", "none"]
-        warm = fault_round(max(16, args.requests // 4), len(prompts), strategies, rng)
+        # warm-up: the same load as the measured rounds (every group at full batch once), so
+        # that the baseline holds what a warm server keeps (pipelines, draft models, buffers)
+        warm = fault_round(args.requests, len(prompts), strategies, rng)
         asyncio.run(run_round(url, warm, prompts, args.max_tokens, "m", "warm-up"))
+        asyncio.run(run_round(url, [Spec("plain", i % len(prompts), args.strategy) for i in range(args.requests)],
+                              prompts, args.max_tokens, "m", "warm-up"))
         wait_idle(url)
+        time.sleep(1)  # the server trims its heap when it goes idle
         baseline = rss(proc.pid)
         specs = fault_round(args.requests, len(prompts), strategies, rng)
         results, wall = asyncio.run(run_round(url, specs, prompts, args.max_tokens, "m", "fault round"))
@@ -332,6 +337,7 @@ def main(argv=None) -> int:
             failures += check_fault_round(results, want, label)
             report[label] = summary(results, wall)
         idle = wait_idle(url)
+        time.sleep(1)
         after = rss(proc.pid)
         report["rss"] = {"warm_baseline_mb": round(baseline / 2**20, 1), "after_mb": round(after / 2**20, 1),
                          "ratio": round(after / baseline, 3)}

@@ -17,6 +17,8 @@ pipeline is rebuilt for the next request.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import itertools
 import logging
 import threading
@@ -125,6 +127,8 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self.cond:
+                if not self.stopped and not self.waiting and not self.running:
+                    _release_memory()  # idle: the freed KV caches go back to the OS
                 while not self.stopped and not self.waiting and not self.running:
                     self.cond.wait()
                 if self.stopped:
@@ -265,3 +269,22 @@ class Scheduler:
         if group.key in self.groups and self.groups[group.key] is group and status == 500:
             group.session.close()
             del self.groups[group.key]  # the next request of this strategy gets a fresh pipeline
+
+
+def _release_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc's ``malloc_trim``; nothing elsewhere):
+    without it a server's RSS stays at its busiest moment's high-water mark after the load
+    is gone, since glibc keeps the freed KV-cache blocks of its per-thread arenas."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        gc.collect()
+        _TRIM(0)
+
+
+_TRIM = None
+
