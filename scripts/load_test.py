@@ -16,7 +16,8 @@
    the warm baseline.
 4. Throughput: the same number of plain greedy requests at once, speculation on
    (``--strategy``) and off (``none``), and, unless ``--no-hf``, against ``transformers
-   serve`` on the same model folder: requests/s and p50/p99 latency.
+   serve`` on the same model folder: requests/s and p50/p99 latency (``transformers serve
+   --device cpu`` needs ``accelerate`` installed; without it that row reports its error).
 
 Exit status 0 when every check passed, 1 otherwise; ``--json`` writes the measurements.
 (Over 400 lines: one self-contained script, including the server child it starts, so that
