@@ -18,7 +18,7 @@ def add_dashboard_routes(app, feed: DashboardFeed, prefix: str = "/dashboard", i
     * ``GET {prefix}/static/{name}``: the page's script, style, vendored libraries and
       their licences (404 for any other name).
 
-    ``dependencies``: FastAPI dependencies for every route (e.g. the server's API-key check).
+    ``dependencies``: ``fastapi.Depends(...)`` objects for every route (e.g. the server's API-key check).
     Raises ``LightSpecError`` when FastAPI is not installed (``pip install lightspec-core[serve]``)."""
     try:
         from fastapi import APIRouter, Query
