@@ -11,6 +11,7 @@
   var STAGE_ORDER = ["budget", "draft", "verify_forward", "verify", "commit"];
   var MAX_COLUMNS = 300;  // heat-map columns and line points; longer runs are drawn in groups of steps
   var LIVE_KEEP = 5000;   // records a live page keeps (the oldest go first)
+  var IDLE_S = 0.05, IDLE_STEPS = 10;  // a pause longer than both (s; steps' time) breaks the tokens/s line
 
   Chart.defaults.animation = false;
   Chart.defaults.maintainAspectRatio = false;
@@ -379,11 +380,15 @@
   };
 
   Dashboard.prototype.throughput = function (g, requests) {
-    var line = [];
+    var line = [], last = null;
     g.list.forEach(function (grp) {
-      var tokens = 0, time = 0;
+      var tokens = 0, time = 0, end = grp.steps[grp.steps.length - 1].t;
       grp.steps.forEach(function (s) { tokens += sum(s.emitted); time += s.step_time_s || 0; });
-      if (time > 0) line.push({x: grp.steps[grp.steps.length - 1].t, y: tokens / time});
+      // live: no step ran for a while before these (idle, or prefilling new requests): break the line
+      var idle = IDLE_STEPS * time / grp.steps.length;
+      if (last !== null && end - last - time > Math.max(IDLE_S, idle)) line.push({x: (last + end - time) / 2, y: null});
+      if (time > 0) line.push({x: end, y: tokens / time});
+      last = end;
     });
     var per = requests.filter(function (r) { return r.tokens_per_s !== null && r.tokens_per_s !== undefined; })
       .map(function (r) { return {x: r.t, y: r.tokens_per_s}; });
