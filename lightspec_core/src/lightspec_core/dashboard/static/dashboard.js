@@ -11,6 +11,7 @@
   var STAGE_ORDER = ["budget", "draft", "verify_forward", "verify", "commit"];
   var MAX_COLUMNS = 300;  // heat-map columns and line points; longer runs are drawn in groups of steps
   var LIVE_KEEP = 5000;   // records a live page keeps (the oldest go first)
+  var THROUGHPUT_STEPS = 4;  // tokens/s over groups of at least this many steps (one step's rate is noise)
   var IDLE_S = 0.05, IDLE_STEPS = 10;  // a pause longer than both (s; steps' time) breaks the tokens/s line
 
   Chart.defaults.animation = false;
@@ -59,8 +60,8 @@
 
   // steps (records of one run, oldest first, each with its step number _n) in groups of
   // ``size`` consecutive step numbers, so that a run of any length gives <= MAX_COLUMNS
-  function groups(steps) {
-    var size = Math.max(1, Math.ceil(steps.length / MAX_COLUMNS)), out = [], cur = null;
+  function groups(steps, least) {
+    var size = Math.max(least || 1, Math.ceil(steps.length / MAX_COLUMNS)), out = [], cur = null;
     for (var i = 0; i < steps.length; i++) {
       var key = Math.floor((steps[i]._n - 1) / size);
       if (!cur || cur.key !== key) { cur = {key: key, steps: [], from: key * size + 1, to: (key + 1) * size}; out.push(cur); }
@@ -207,7 +208,7 @@
     this.budget(g);
     this.position(steps);
     this.latency(steps);
-    this.throughput(g, requests);
+    this.throughput(groups(steps, THROUGHPUT_STEPS), requests);
     for (var k in this.charts) this.charts[k].update("none");
     this.renders++;
   };
@@ -279,7 +280,7 @@
   };
 
   Dashboard.prototype.budget = function (g) {
-    var mean = [], most = [], est = {}, positive = true;
+    var mean = [], most = [], est = {}, seen = {}, positive = true, xs = [];
     g.list.forEach(function (grp) {
       var ks = 0, kn = 0, km = 0, reasons = {}, sums = {}, counts = {};
       grp.steps.forEach(function (s) {
@@ -291,14 +292,21 @@
           sums[e] = (sums[e] || 0) + v; counts[e] = (counts[e] || 0) + 1;
         }
       });
-      var x = grp.steps[grp.steps.length - 1]._n, reason = mostCommon(reasons);
+      var x = grp.steps[grp.steps.length - 1]._n, reason = mostCommon(reasons), values = {};
       if (kn) { mean.push({x: x, y: ks / kn, reason: reason}); most.push({x: x, y: km, reason: reason}); }
       for (var e in sums) {
-        var v = sums[e] / counts[e];
-        if (!(v > 0)) positive = false;
-        (est[e] = est[e] || []).push({x: x, y: v, reason: reason});
+        values[e] = sums[e] / counts[e];
+        if (!(values[e] > 0)) positive = false;
+        seen[e] = true;
       }
+      xs.push({x: x, reason: reason, values: values});
     });
+    // an estimate the policy did not give at some steps leaves a gap there, not a straight line across
+    for (var e in seen) {
+      est[e] = xs.map(function (p) {
+        return {x: p.x, y: p.values[e] === undefined ? null : p.values[e], reason: p.reason};
+      });
+    }
     var self = this, chart = this.charts.budget, names = Object.keys(est).sort();
     chart.data.datasets = [
       {label: "k, mean over rows", data: mean, stepped: true, borderColor: "#1f2328", backgroundColor: "#1f2328",
