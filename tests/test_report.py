@@ -174,3 +174,16 @@ def test_bench_without_report_files_writes_no_stats(capsys, tmp_path, monkeypatc
                           "--no-hf", "--max-new-tokens", "4"], capsys)
     assert rc == 0, err
     assert not list(tmp_path.glob("*_stats.*"))
+
+
+def test_report_needs_neither_torch_nor_fastapi(stats_file, tmp_path):
+    """`lightspec report` works where only the core's light dependencies are installed."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from lightspec_core.cli import main; "
+            f"rc = main(['report', {str(stats_file)!r}, '-o', {str(tmp_path / 'r.html')!r}]); "
+            "print(rc, sorted(m for m in ('torch', 'transformers', 'fastapi') if m in sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "0 []"
