@@ -274,3 +274,30 @@ def test_live_dashboard_shows_a_generation_as_it_arrives(browser, tmp_path):
         assert console_errors(browser) == []
         save_screenshot(browser, tmp_path, "dashboard_live.png")
         browser.get("about:blank")  # stop polling before the server goes
+
+
+def test_a_long_run_is_drawn_in_groups_of_steps(browser, tmp_path):
+    """1000 steps: at most 300 heat-map columns, each adding up its steps' drafts."""
+    src = tmp_path / "long.jsonl"
+    lines = []
+    for i in range(1000):
+        d, a = [1 + i % 4, i % 3], [min(1 + i % 4, i % 5), 0]
+        lines.append(json.dumps({"kind": "step", "step": i + 1, "row_ids": [0, 1], "drafted": d, "accepted": a,
+                                 "emitted": [x + 1 for x in a], "sources": ["ngram", "draft_model" if i % 3 else ""],
+                                 "step_time_s": 0.002, "stage_s": {"draft": 0.0005, "verify_forward": 0.0012},
+                                 "budget_k": [4, 2], "budget_reason": "model", "budget_estimates": {"gain": 1.5}}))
+    src.write_text("\n".join(lines) + "\n")
+    write_report(str(src), str(tmp_path / "long.html"))
+    browser.get((tmp_path / "long.html").as_uri())
+    wait_for(browser, "LightSpecDashboard.instances[0].renders >= 1")
+    charts = browser.execute_script(CHECK_CHARTS)
+    cells = [c for ds in charts["heatmap"]["datasets"] for c in ds["data"]]
+    assert len({c["x"] for c in cells}) == 250  # groups of 4 steps
+    steps = [json.loads(x) for x in lines]
+    assert sum(c["d"] for c in cells) == sum(sum(s["drafted"]) for s in steps)
+    assert sum(c["a"] for c in cells) == sum(sum(s["accepted"]) for s in steps)
+    first = [c for c in cells if c["x"] == 2.5]  # steps 1-4
+    assert sum(c["d"] for c in first) == sum(sum(s["drafted"]) for s in steps[:4])
+    assert len(charts["budget"]["datasets"][0]["data"]) == 250
+    check_drawn(charts)
+    assert console_errors(browser) == []
