@@ -13,10 +13,27 @@ import urllib.error
 import urllib.request
 
 
+def need_server_stack() -> None:
+    """Skip the calling test when FastAPI or uvicorn is missing (the ``serve`` extra), except
+    in CI (CI=true), where scripts/dev.sh installs them and their absence is a failure."""
+    import importlib.util
+    import os
+
+    import pytest
+
+    missing = [m for m in ("fastapi", "uvicorn") if importlib.util.find_spec(m) is None]
+    if missing:
+        reason = f"needs {', '.join(missing)}: pip install 'lightspec-core[serve]' (scripts/dev.sh setup does)"
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI: " + reason)
+        pytest.skip(reason)
+
+
 @contextlib.contextmanager
 def serve_dashboard(feed, **route_options):
     """Yield the base URL (``http://127.0.0.1:PORT``) of a FastAPI app with
     ``add_dashboard_routes(app, feed, **route_options)``, served until the block ends."""
+    need_server_stack()
     import uvicorn
     from fastapi import FastAPI
     from lightspec_core.dashboard import add_dashboard_routes

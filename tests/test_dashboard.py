@@ -12,7 +12,7 @@ import threading
 import urllib.request
 
 import pytest
-from dashboard_server import get, get_json, serve_dashboard, tiny_pipeline
+from dashboard_server import get, get_json, need_server_stack, serve_dashboard, tiny_pipeline
 from lightspec_core.dashboard import DashboardFeed, add_dashboard_routes, compact
 
 from lightspec_core import InvalidValueError, LightSpecError, RequestSummary, StepStats
@@ -186,6 +186,7 @@ def test_routes_serve_the_page_the_data_and_the_vendored_assets():
 
 
 def test_routes_under_another_prefix_and_with_the_servers_dependencies():
+    need_server_stack()
     from fastapi import Depends, Header, HTTPException
 
     def api_key(authorization: str = Header(default="")):
@@ -206,6 +207,7 @@ def test_routes_under_another_prefix_and_with_the_servers_dependencies():
     ({"interval_ms": 10}, "interval_ms=10 is invalid"),
 ])
 def test_bad_route_options_are_one_clear_error(kwargs, needle):
+    need_server_stack()
     from fastapi import FastAPI
 
     with pytest.raises(LightSpecError, match=needle):
