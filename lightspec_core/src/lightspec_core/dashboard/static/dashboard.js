@@ -2,7 +2,9 @@
    reports") with Chart.js and its matrix chart type.
      LightSpecDashboard.report(root, {events: [...]})   draws a fixed set of records (lightspec report)
      LightSpecDashboard.live(root, {url, intervalMs})   polls url?since=CURSOR and redraws (/dashboard)
-   Every page's dashboards are in LightSpecDashboard.instances (charts, records, renders). */
+   Every page's dashboards are in LightSpecDashboard.instances (charts, records, renders).
+   Over 400 lines on purpose: one script, no modules, so that the report can inline it as is
+   and both pages run the same code; each chart is one Dashboard method. */
 (function (global) {
   "use strict";
   var Chart = global.Chart;
