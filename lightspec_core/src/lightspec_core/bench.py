@@ -167,6 +167,12 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
               "target_forward": {name: p.engine.target_forward for name, p in pipes.items()},
               "notes": bench_notes(with_hf, hf_models), "runs": []}
     greedy_ref: dict[str, list[list[int]]] = {}  # HF vanilla greedy outputs at batch 1, per workload
+    from .dashboard import bench_link
+
+    stats = bench_link.stats_paths(json_out, md_out)  # the LightSpec methods' step events and their charts
+    if stats:
+        bench_link.start(stats[0])
+    stats_events = 0
     for bs, temp in configs:
         run = {"batch_size": bs, "temperature": temp, "workloads": {}}
         for wname, prompts in sets.items():
@@ -192,10 +198,16 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
                     ci = None if r is vanilla or r.error else paired_speedup(r, vanilla)
                     r.speedup_ci95 = ci[1:] if ci else None
             vt = vanilla.tokens_per_s if vanilla else None
+            if stats:
+                stats_events += bench_link.append_step_events(stats[0], results, f"{wname} b{bs} t{temp}")
             run["workloads"][wname] = {"prompts": len(ids), "baseline": vanilla.name if vanilla else None,
                                        "results": [r.to_dict(vt) for r in results]}
             click.echo(format_table(f"{wname}, batch {bs}, temperature {temp}", run["workloads"][wname], len(ids)))
         report["runs"].append(run)
+    if stats and stats_events:
+        bench_link.write_page(*stats, title="LightSpec bench: per-step statistics")
+        report["stats_report"] = {"jsonl": os.path.basename(stats[0]), "html": os.path.basename(stats[1])}
+        click.echo(f"wrote {stats[0]} and its charts {stats[1]}", err=True)
     if json_out:
         with open(json_out, "w") as f:
             json.dump(report, f, indent=2)

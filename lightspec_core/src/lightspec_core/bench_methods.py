@@ -43,6 +43,8 @@ class MethodResult:
     round_tokens: list[int] = field(default_factory=list)
     round_seconds: list[float] = field(default_factory=list)
     speedup_ci95: tuple[float, float] | None = None  # against the workload's baseline, set by ``main``
+    # LightSpec methods: the step events of the timed runs (for the per-step report page)
+    step_events: list = field(default_factory=list, repr=False)
 
     @property
     def tokens_per_s(self) -> float:
@@ -249,6 +251,7 @@ class LightSpecMethod(_Method):
         self.result.step_s = sum(e.step_time_s for e in self.steps_log)
         self.result.bubble_s = bubble_seconds(self.steps_log)
         self.pipe.bound.sinks.remove(self.collect)
+        self.result.step_events = self.steps_log
 
 
 def bubble_seconds(steps) -> float:

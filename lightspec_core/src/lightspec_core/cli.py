@@ -319,6 +319,27 @@ def bench(model, strategies_, draft_model, budgets, prompts_file, suite, limit, 
                    batch_repeat=batch_repeat, interleave=interleave, control=control, budgets=list(budgets))
 
 
+@cli.command()
+@click.argument("stats_file")
+@click.option("-o", "--output", "out", default=None, help="HTML file to write (default: STATS_FILE with .html).")
+@click.option("--title", default=None, help="Page title (default: LightSpec report).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was written as JSON.")
+def report(stats_file, out, title, as_json):
+    """Charts of a statistics file (--stats-out, bench's *_stats.jsonl) as one self-contained HTML page."""
+    import os
+
+    from .dashboard import write_report
+
+    out = out or os.path.splitext(stats_file)[0] + ".html"
+    if os.path.abspath(out) == os.path.abspath(stats_file):
+        raise InvalidValueError(f"-o {out!r} is the stats file itself; give another output path")
+    info = write_report(stats_file, out, title)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"wrote {out}: {info['steps']} steps, {info['requests']} requests, {info['bytes'] // 1024} KiB", err=True)
+
+
 def _set_threads(threads: int | None) -> None:
     """``--threads N``: torch's CPU threads (N >= 1); ``None`` leaves torch's default."""
     if threads is None:

@@ -41,6 +41,10 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
                  "(step events' `bubble_ratio` weighted by step time"
                  + ("; from the runs alone, `bubble_ratio_lockstep` in the JSON)" if report.get("interleave") == "step" else ")"))
     lines += [f"- {note}" for note in report.get("notes", [])]
+    if report.get("stats_report"):
+        sr = report["stats_report"]
+        lines.append(f"- per-step charts of the LightSpec methods (scheduling heat-map, budget, latencies): "
+                     f"[{sr['html']}]({sr['html']}), from `{sr['jsonl']}` (`lightspec report {sr['jsonl']}`)")
     forwards = sorted(set((report.get("target_forward") or {}).values()))
     if forwards:
         lines.append("- LightSpec's target forward: " + ", ".join(forwards)
