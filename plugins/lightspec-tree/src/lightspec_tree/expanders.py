@@ -24,7 +24,8 @@ import math
 
 import torch
 
-from lightspec_core import KVCache, LightSpecError, early_exit_view, final_norm, lean_forward, num_layers
+from lightspec_core import (KVCache, LightSpecError, early_exit_view, final_norm, lean_forward, num_layers,
+                            takes_logits_to_keep)
 
 
 def _params(module) -> int:
@@ -64,6 +65,7 @@ class ModelExpander:
     def _use(self, model, target, layers: int | None = None) -> None:
         fast = lean_forward(model if layers is None else target, layers, exact=False, fuse=layers is None) if self.lean else None
         self.runner = fast or model
+        self.keeps_logits = takes_logits_to_keep(self.runner)
         self.vocab = target.get_output_embeddings().weight.shape[0]
         self.cost_hint = _params(model) / max(1, _params(target))
 
@@ -123,11 +125,19 @@ class ModelExpander:
         for b, t in enumerate(new):
             ids[b, : len(t)] = torch.tensor(t)
             valid[b, : len(t)] = True
-        out = self.kv.forward(ids.to(dev), None if bool(valid.all()) else valid.to(dev))
+        ids, valid = ids.to(dev), None if bool(valid.all()) else valid.to(dev)
         last = torch.tensor([len(t) - 1 for t in new], device=dev)
+        # the lm_head (most of a small draft's weights) only where the answer is
+        if hasattr(self.runner, "row_offsets_ok"):  # LightSpec's lean forward: one position per row
+            out = self.kv.forward(ids, valid, last_positions=last)
+            logits = out.logits[:, 0]
+        else:
+            keep = width - min(len(t) for t in new) + 1 if self.keeps_logits else width
+            out = self.kv.forward(ids, valid, **({"logits_to_keep": keep} if self.keeps_logits else {}))
+            logits = out.logits[torch.arange(B, device=dev), last - (width - keep)]
         self.base = self.kv.lengths
         self.nodes, self.in_cache = None, 0
-        return self._fit(out.logits[torch.arange(B, device=dev), last])
+        return self._fit(logits)
 
     @torch.inference_mode()
     def tree_step(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
@@ -138,7 +148,8 @@ class ModelExpander:
             self.nodes = (torch.cat([self.nodes[0], tokens], 1), torch.cat([self.nodes[1], parents], 1))
         if self.in_cache:
             self.kv.truncate(self.base)
-        out = self.kv.forward(self.nodes[0], None, tree=self.nodes[1])
+        extra = {"logits_to_keep": F} if self.keeps_logits else {}
+        out = self.kv.forward(self.nodes[0], None, tree=self.nodes[1], **extra)
         self.in_cache = self.nodes[0].shape[1]
         return self._fit(out.logits[:, -F:])
 

@@ -38,6 +38,12 @@ def _eagle3_tree(**options):
     return eagle3_tree(**options)
 
 
+def _tree_budget(**options):
+    from .budget import TreeBudget
+
+    return TreeBudget(**options)
+
+
 def _tree_union(**options):
     from .fusion import TreeUnion
 
@@ -57,6 +63,13 @@ def lightspec_register_strategies(register):
     register("eagle3_tree", _eagle3_tree,
              description="dynamic_tree over the eagle3 drafter (needs the lightspec-eagle3 plugin)",
              params={"drafter_options": "options for the eagle3 drafter (a mapping)", **_DYNAMIC})
+    register("tree", _tree_budget, kind="budget",
+             description="node budget for token trees (the shape is the strategy's); plain decoding while "
+                         "speculation measures slower than plain",
+             params={"max_nodes": "draft nodes per row (16)",
+                     "probe_every": "speculative steps between two plain steps that measure plain decoding (32)",
+                     "patience": "speculative steps slower than plain before a hold (8)",
+                     "hold": "plain steps per hold (32)", "decay": "EWMA weight of the past (0.8)"})
     register("tree_union", _tree_union, kind="fusion",
              description="unite several drafts (chains or trees) into one token tree, shared prefixes merged",
              params={})

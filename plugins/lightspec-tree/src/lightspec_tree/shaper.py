@@ -17,7 +17,7 @@ from typing import Callable, Hashable
 class Shaper:
     """Per-shape measurements and the choice of the next step's shape."""
 
-    def __init__(self, shapes: list[Hashable], probe: int = 3, every: int = 32, decay: float = 0.8):
+    def __init__(self, shapes: list[Hashable], probe: int = 2, every: int = 32, decay: float = 0.8):
         if not shapes:
             raise ValueError("a shaper needs at least one shape")
         self.shapes = list(shapes)

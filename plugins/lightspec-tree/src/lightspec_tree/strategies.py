@@ -140,7 +140,7 @@ class DynamicTree(TreeStrategy):
                 raise ValueError(f"{key}={v!r} is invalid: use an integer >= 1")
         shapes = [(1, depth, depth)]
         if top_k > 2:
-            shapes.append((2, depth, total_tokens))
+            shapes.append((2, depth, min(total_tokens, 2 * depth)))
         if top_k > 1:
             shapes.append((top_k, depth, total_tokens))
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
