@@ -76,7 +76,8 @@ class ModelExpander:
         self.offset: list[int] = []  # per row: leading context tokens never fed (max_context)
         self.base: list[int] = []  # per row: cached tokens before this step's tree
         self.nodes: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's tree so far
-        self.in_cache = 0  # nodes of the tree held in the cache (the last forward's)
+        self.in_cache = 0  # nodes of this step's tree held in the cache, in the order given
+        self.chain = True  # the nodes given so far form a chain (each the child of the one before)
 
     def draft_cost_hints(self) -> dict[str, float]:
         return {self.name: self.cost_hint}
@@ -136,20 +137,28 @@ class ModelExpander:
             out = self.kv.forward(ids, valid, **({"logits_to_keep": keep} if self.keeps_logits else {}))
             logits = out.logits[torch.arange(B, device=dev), last - (width - keep)]
         self.base = self.kv.lengths
-        self.nodes, self.in_cache = None, 0
+        self.nodes, self.in_cache, self.chain = None, 0, True
         return self._fit(logits)
 
     @torch.inference_mode()
     def tree_step(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         F = tokens.shape[1]
+        given = 0 if self.nodes is None else self.nodes[0].shape[1]
+        # a chain so far, continued by one node per row: the cache holds exactly its ancestors,
+        # so it is appended as a chain, without re-running the tree (the chain shape's cost)
+        chain = self.chain and F == 1 and given == self.in_cache and bool((parents == given - 1).all())
         if self.nodes is None:
             self.nodes = (tokens, parents)
         else:
             self.nodes = (torch.cat([self.nodes[0], tokens], 1), torch.cat([self.nodes[1], parents], 1))
-        if self.in_cache:
-            self.kv.truncate(self.base)
         extra = {"logits_to_keep": F} if self.keeps_logits else {}
-        out = self.kv.forward(self.nodes[0], None, tree=self.nodes[1], **extra)
+        if chain:
+            out = self.kv.forward(tokens, None, **extra)
+        else:
+            self.chain = False
+            if self.in_cache:
+                self.kv.truncate(self.base)
+            out = self.kv.forward(self.nodes[0], None, tree=self.nodes[1], **extra)
         self.in_cache = self.nodes[0].shape[1]
         return self._fit(out.logits[:, -F:])
 
