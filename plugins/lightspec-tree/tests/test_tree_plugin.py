@@ -6,7 +6,6 @@ import json
 from importlib.metadata import entry_points
 
 from click.testing import CliRunner
-
 from lightspec_core.plugins import get_registry
 
 COMPONENTS = ["strategy:static_tree", "strategy:dynamic_tree", "strategy:eagle3_tree", "budget:tree",

@@ -34,8 +34,9 @@ class _Depths:
 
 
 def test_showcase_is_lossless_on_the_zoo_target(monkeypatch):
-    from lightspec_core import KVCache
     from transformers import AutoModelForCausalLM
+
+    from lightspec_core import KVCache
 
     depths = []
     forward = KVCache.forward
@@ -80,7 +81,6 @@ def test_bench_accepts_the_showcase(tmp_path):
     import json
 
     from click.testing import CliRunner
-
     from lightspec_core.cli import cli
 
     prompts = tmp_path / "p.jsonl"

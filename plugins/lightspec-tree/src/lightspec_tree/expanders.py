@@ -24,8 +24,15 @@ import math
 
 import torch
 
-from lightspec_core import (KVCache, LightSpecError, early_exit_view, final_norm, lean_forward, num_layers,
-                            takes_logits_to_keep)
+from lightspec_core import (
+    KVCache,
+    LightSpecError,
+    early_exit_view,
+    final_norm,
+    lean_forward,
+    num_layers,
+    takes_logits_to_keep,
+)
 
 
 def _params(module) -> int:

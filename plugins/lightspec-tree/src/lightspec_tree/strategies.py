@@ -263,7 +263,7 @@ class StaticTree(TreeStrategy):
         out_t, out_p, conf, drafted = [], [], [], []
         for b in range(B):
             keep: list[int] = []
-            for j, p in enumerate(paths):
+            for j in range(len(paths)):
                 if len(keep) >= limits[b]:
                     break
                 if scores[b][j] != float("-inf") and (parents[j] < 0 or parents[j] in keep):
