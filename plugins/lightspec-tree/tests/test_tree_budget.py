@@ -43,9 +43,14 @@ def test_probes_plain_decoding_then_drafts_the_whole_node_budget():
 
 def test_holds_plain_decoding_where_speculation_measures_slower():
     budget = TreeBudget(max_nodes=8, probe_every=100, patience=3, hold=5)
-    reasons = _run(budget, spec_emitted=2, spec_s=0.04, plain_s=0.01, steps=10)  # 50 tok/s vs 100 plain
+    reasons = _run(budget, spec_emitted=2, spec_s=0.04, plain_s=0.01, steps=22)  # 50 tok/s vs 100 plain
     assert reasons[:4] == ["probe", "tree", "tree", "tree"]
-    assert reasons[4:9] == ["hold"] * 5 and reasons[9] == "tree"
+    assert reasons[4:9] == ["hold"] * 5 and reasons[9:12] == ["tree"] * 3
+    assert reasons[12:22] == ["hold"] * 10  # lost again: a hold twice as long
+    # where speculation wins, drafting goes on and the next hold is short again
+    budget.holding = 0
+    assert _run(budget, spec_emitted=4, spec_s=0.01, plain_s=0.01, steps=3) == ["tree"] * 3
+    assert budget.backoff == 1
 
 
 def test_seeded_runs_always_draft():

@@ -9,8 +9,9 @@ tree strategy's shaper, which measures each shape's acceptance and cost.  It che
 thing itself: that speculating beats plain decoding.  Every ``probe_every`` speculative
 steps it runs one plain step per batch size to measure plain decoding (tokens per
 second of the whole batch), and while speculation's measured tokens per second stay below
-plain's for ``patience`` steps it decodes plainly for ``hold`` steps.  Seeded runs (every
-request seeded: decisions must not depend on timings) always draft.
+plain's for ``patience`` steps it decodes plainly for ``hold`` steps, twice as long after
+each hold that speculation lost again (up to 16 times ``hold``; reset when it wins).  Seeded
+runs (every request seeded: decisions must not depend on timings) always draft.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class TreeBudget:
 
     name = "tree"
 
-    def __init__(self, max_nodes: int = 16, probe_every: int = 32, patience: int = 8, hold: int = 32,
+    def __init__(self, max_nodes: int = 16, probe_every: int = 32, patience: int = 4, hold: int = 32,
                  decay: float = 0.8):
         for key, v in (("max_nodes", max_nodes), ("probe_every", probe_every), ("patience", patience), ("hold", hold)):
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
@@ -42,6 +43,7 @@ class TreeBudget:
         self.since_probe = 0
         self.slow = 0  # speculative steps in a row measured slower than plain
         self.holding = 0  # plain steps left in a hold
+        self.backoff = 1  # the next hold lasts hold * backoff steps
 
     @hookimpl
     def lightspec_budget(self, ctx) -> Budget:
@@ -74,6 +76,13 @@ class TreeBudget:
             self._ewma(self.plain, B, rate)
             return
         spec = self._ewma(self.spec, B, rate)
-        self.slow = self.slow + 1 if B in self.plain and spec < self.plain[B] else 0
+        if B not in self.plain:
+            return
+        if spec >= self.plain[B]:
+            self.slow, self.backoff = 0, 1
+            return
+        self.slow += 1
         if self.slow >= self.patience:
-            self.slow, self.holding = 0, self.hold
+            self.slow, self.holding = 0, self.hold * self.backoff
+            self.backoff = min(2 * self.backoff, 16)
+            self.spec.pop(B)  # after the hold speculation is measured afresh

@@ -68,8 +68,9 @@ def lightspec_register_strategies(register):
                          "speculation measures slower than plain",
              params={"max_nodes": "draft nodes per row (16)",
                      "probe_every": "speculative steps between two plain steps that measure plain decoding (32)",
-                     "patience": "speculative steps slower than plain before a hold (8)",
-                     "hold": "plain steps per hold (32)", "decay": "EWMA weight of the past (0.8)"})
+                     "patience": "speculative steps slower than plain before a hold (4)",
+                     "hold": "plain steps of the first hold, doubled after each hold that speculation lost again (32)",
+                     "decay": "EWMA weight of the past (0.8)"})
     register("tree_union", _tree_union, kind="fusion",
              description="unite several drafts (chains or trees) into one token tree, shared prefixes merged",
              params={})
