@@ -37,6 +37,8 @@ def test_probes_plain_decoding_then_drafts_the_whole_node_budget():
     budget = TreeBudget(max_nodes=12, probe_every=4)
     reasons = _run(budget, spec_emitted=3, spec_s=0.02, plain_s=0.01, steps=11)  # 150 tok/s vs 100 plain
     assert reasons == ["probe"] + ["tree"] * 4 + ["probe"] + ["tree"] * 4 + ["probe"]
+    budget.reset()  # a new generate() keeps what plain decoding measured
+    assert budget.plain and budget.lightspec_budget(ctx=_ctx()).reason == "tree"
     b = budget.lightspec_budget(ctx=_ctx(batch=3))  # a batch size not seen yet is probed first
     assert b.reason == "probe" and b.max_draft.tolist() == [0, 0, 0]
 

@@ -87,7 +87,9 @@ def test_shaper_probes_every_shape_then_takes_the_best_per_cost():
     assert picks[:4] == ["chain", "chain", "tree", "tree"]
     assert picks[4:] == ["chain"] * 4  # the tree does not pay: a chain
     # where the tree's acceptance pays for its cost, it wins
-    shaper.reset()
+    shaper.reset()  # a new generate() keeps the measurements
+    assert shaper.tries == {"chain": 6, "tree": 2} and shaper.choose() == "chain"
+    shaper.forget()
     measured["tree"] = (5.0, 1.1)
     for _ in range(6):
         s = shaper.choose()

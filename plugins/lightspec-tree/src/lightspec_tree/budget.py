@@ -35,9 +35,14 @@ class TreeBudget:
         if not (isinstance(decay, (int, float)) and not isinstance(decay, bool) and 0 <= decay < 1):
             raise ValueError(f"decay={decay!r} is invalid: use a number in [0, 1)")
         self.max_nodes, self.probe_every, self.patience, self.hold, self.decay = max_nodes, probe_every, patience, hold, decay
-        self.reset()
+        self.forget()
 
     def reset(self) -> None:
+        """A new ``generate()``: the measurements and a running hold are about the machine,
+        not the requests, so they are kept."""
+
+    def forget(self) -> None:
+        """Drop every measurement."""
         self.plain: dict[int, float] = {}  # batch size -> EWMA tokens/s of plain steps
         self.spec: dict[int, float] = {}  # batch size -> EWMA tokens/s of speculative steps
         self.since_probe = 0

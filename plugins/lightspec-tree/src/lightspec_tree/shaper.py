@@ -22,9 +22,15 @@ class Shaper:
             raise ValueError("a shaper needs at least one shape")
         self.shapes = list(shapes)
         self.probe, self.every, self.decay = probe, every, decay
-        self.reset()
+        self.forget()
 
     def reset(self) -> None:
+        """A new ``generate()``: what the shapes measured is about the machine and the drafter,
+        not the request, so it is kept; only a pending step is dropped."""
+        self.pending = None
+
+    def forget(self) -> None:
+        """Drop every measurement."""
         self.tries = {s: 0 for s in self.shapes}
         self.accepted = {s: 0.0 for s in self.shapes}  # EWMA of the mean accepted nodes per drafted row
         self.seconds = {s: 0.0 for s in self.shapes}  # EWMA of the step time
