@@ -121,6 +121,8 @@ class TreeStrategy:
     def lightspec_on_stats(self, event) -> None:
         if getattr(event, "kind", None) == "step":
             self.shaper.observe(event)
+        if hasattr(self.drafter, "lightspec_on_stats"):  # a registered drafter may learn from them too
+            self.drafter.lightspec_on_stats(event=event)
 
 
 class DynamicTree(TreeStrategy):
