@@ -109,6 +109,7 @@ def test_a_drafter_implementing_the_protocol_plugs_in_by_object_and_by_name():
     strategy = DynamicTree(drafter=drafter, depth=3, top_k=2, total_tokens=6, adaptive=False)
     pipe, batch = _check("llama", strategy, prompts=PROMPTS[:3])
     assert drafter.calls["tree_step"] > 0 and drafter.nodes > 0
+    assert drafter.events >= max(r.stats.steps for r in batch)  # the strategy passes its step events on
     assert all(r.stats.mean_accepted_length > 2.5 for r in batch)
 
     class Plugin:

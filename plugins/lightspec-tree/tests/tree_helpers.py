@@ -20,6 +20,10 @@ class LookupTreeDrafter:
         self.model = model
         self.calls = {"tree_start": 0, "tree_step": 0}
         self.nodes = 0
+        self.events = 0  # step events passed on by the tree strategy
+
+    def lightspec_on_stats(self, event) -> None:
+        self.events += event.kind == "step"
 
     @torch.inference_mode()
     def _next(self, seqs: list[list[int]]) -> torch.Tensor:
