@@ -41,6 +41,11 @@ def test_probes_plain_decoding_then_drafts_the_whole_node_budget():
     assert budget.plain and budget.lightspec_budget(ctx=_ctx()).reason == "tree"
     b = budget.lightspec_budget(ctx=_ctx(batch=3))  # a batch size not seen yet is probed first
     assert b.reason == "probe" and b.max_draft.tolist() == [0, 0, 0]
+    _step(budget, 0, 1, 0.01, batch=3)
+    # the batch's verify width stays within 2 * max_nodes: 24 // 3 = 8 nodes a row
+    assert budget.lightspec_budget(ctx=_ctx(batch=3)).max_draft.tolist() == [8, 8, 8]
+    _step(budget, 0, 1, 0.01, batch=48)
+    assert budget.lightspec_budget(ctx=_ctx(batch=48)).max_draft.tolist() == [1] * 48
 
 
 def test_holds_plain_decoding_where_speculation_measures_slower():

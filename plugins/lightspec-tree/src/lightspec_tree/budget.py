@@ -4,8 +4,10 @@ speculation measured slower (docs/design/tree.md).
 The core's ``dynamic`` budget prices a draft as a chain: k nodes, per-token acceptance.
 A tree spends most of its nodes on siblings that are rejected by design, so that model
 shrinks a tree below the size at which it pays.  This policy gives every row the tree's
-whole node budget (``max_nodes``) and leaves the shape (depth, width, or a chain) to the
-tree strategy's shaper, which measures each shape's acceptance and cost.  It checks one
+whole node budget (``max_nodes``), within a verify width of ``2 * max_nodes`` slots for the
+whole batch (at batch 8: 4 nodes a row; on a CPU a verify costs about what a forward over
+that many tokens costs), and leaves the shape (depth, width, or a chain) to the tree
+strategy's shaper, which measures each shape's acceptance and cost.  It checks one
 thing itself: that speculating beats plain decoding.  Every ``probe_every`` speculative
 steps it runs one plain step per batch size to measure plain decoding (tokens per
 second of the whole batch), and while speculation's measured tokens per second stay below
@@ -53,7 +55,7 @@ class TreeBudget:
     @hookimpl
     def lightspec_budget(self, ctx) -> Budget:
         B = ctx.batch
-        k, reason = self.max_nodes, "tree"
+        k, reason = min(self.max_nodes, max(1, 2 * self.max_nodes // B)), "tree"
         if not ctx.deterministic:
             if self.holding > 0:
                 self.holding -= 1

@@ -66,7 +66,7 @@ def lightspec_register_strategies(register):
     register("tree", _tree_budget, kind="budget",
              description="node budget for token trees (the shape is the strategy's); plain decoding while "
                          "speculation measures slower than plain",
-             params={"max_nodes": "draft nodes per row (16)",
+             params={"max_nodes": "draft nodes per row (16), within 2 * max_nodes for the whole batch",
                      "probe_every": "speculative steps between two plain steps that measure plain decoding (32)",
                      "patience": "speculative steps slower than plain before a hold (4)",
                      "hold": "plain steps of the first hold, doubled after each hold that speculation lost again (32)",
