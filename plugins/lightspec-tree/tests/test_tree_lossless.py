@@ -103,6 +103,37 @@ def test_self_draft_accepts_whole_paths_and_the_drafter_keeps_them(monkeypatch, 
     assert catch_up[0] == len(prompt) + 1 and catch_up[1:4] == [2, 2, 2], catch_up
 
 
+def test_the_drafter_cache_after_compaction_gives_the_full_forward_logits(monkeypatch):
+    """A dynamic tree's accepted path is rarely its first nodes: the drafter's ``KVCache.commit``
+    compacts it.  With the target as its own draft model, every ``tree_start`` after such a
+    commit must give the log-probabilities a full forward over the sequence gives."""
+    from lightspec_tree.expanders import ModelExpander
+
+    model = cached_model("llama")
+    strategy = DynamicTree(depth=4, top_k=3, total_tokens=10, adaptive=False)
+    checked, moved = [], []
+    start, commit = ModelExpander.tree_start, ModelExpander.tree_commit
+
+    def spy_start(self, ctx):
+        out = start(self, ctx)
+        with torch.inference_mode():
+            for b, seq in enumerate(ctx.sequences):
+                ref = torch.log_softmax(model(input_ids=torch.tensor([list(seq)])).logits[0, -1].float(), -1)
+                torch.testing.assert_close(out[b], ref, atol=2e-3, rtol=2e-3)
+                checked.append(len(seq))
+        return out
+
+    def spy_commit(self, path):
+        moved.extend(p for p in path if p != list(range(len(p))))
+        return commit(self, path)
+
+    monkeypatch.setattr(ModelExpander, "tree_start", spy_start)
+    monkeypatch.setattr(ModelExpander, "tree_commit", spy_commit)
+    _check("llama", strategy, prompts=PROMPTS[:3], draft=model, budget={"type": "static", "k": 10})
+    assert moved, "no accepted path needed compaction"
+    assert len(checked) > 10
+
+
 def test_a_drafter_implementing_the_protocol_plugs_in_by_object_and_by_name():
     model = cached_model("llama")
     drafter = LookupTreeDrafter(model)  # the target itself: its best paths are right
