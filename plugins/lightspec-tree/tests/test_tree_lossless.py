@@ -165,8 +165,8 @@ def test_a_drafter_implementing_the_protocol_plugs_in_by_object_and_by_name():
 def test_eagle3_tree_needs_the_eagle3_plugin(monkeypatch):
     registry = get_registry()
     monkeypatch.delitem(registry.components, ("strategy", "eagle3"), raising=False)
-    with pytest.raises(LightSpecError, match="needs the 'eagle3' drafter of the lightspec-eagle3 plugin.*"
-                                             "pip install lightspec-eagle3"):
+    with pytest.raises(LightSpecError, match="the 'eagle3' drafter that eagle3_tree grows its trees from is not "
+                                             "installed; .*lightspec-eagle3 plugin: pip install lightspec-eagle3"):
         MTPPipeline(cached_model("llama"), ToyTokenizer(), strategy="eagle3_tree")
 
     model = cached_model("llama")

@@ -281,6 +281,6 @@ class StaticTree(TreeStrategy):
 def eagle3_tree(**options) -> DynamicTree:
     """``dynamic_tree`` over the ``eagle3`` drafter (the lightspec-eagle3 plugin)."""
     if "eagle3" not in get_registry().names("strategy"):
-        raise LightSpecError("strategy 'eagle3_tree' needs the 'eagle3' drafter of the lightspec-eagle3 plugin, which is "
-                             "not installed: pip install lightspec-eagle3")
+        raise LightSpecError("the 'eagle3' drafter that eagle3_tree grows its trees from is not installed; it comes "
+                             "with the lightspec-eagle3 plugin: pip install lightspec-eagle3")
     return DynamicTree(drafter="eagle3", name="eagle3_tree", **options)
