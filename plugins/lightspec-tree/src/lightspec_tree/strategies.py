@@ -1,0 +1,286 @@
+"""The tree strategies: ``static_tree`` (Medusa-style choice lists), ``dynamic_tree``
+(EAGLE-2: expand the best frontier by cumulative log-probability, keep the best nodes) and
+``eagle3_tree`` (``dynamic_tree`` over the ``eagle3`` drafter of lightspec-eagle3).
+
+Both draw their tree through a drafter's tree expansion protocol (``expanders.py``), return
+it as a ``DraftProposal`` with ``parents`` and no ``probs`` (deterministic top-k children
+are verified as one-hot, which keeps sampling lossless), and at the next step tell the
+drafter which of its nodes the target accepted (``tree_commit``), found by walking the
+new tokens of ``ctx.sequences`` down the previous tree.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from lightspec_core import LightSpecError, TargetRunner, get_registry, hookimpl
+
+from .expanders import LayerSkipExpander, ModelExpander, NgramExpander
+from .shaper import Shaper
+from .tree_build import pack, parse_choices, renumber, select_best, walk
+
+# the protocol's own implementations, under the names of the chain drafters they mirror
+EXPANDERS = {"draft_model": ModelExpander, "layerskip": LayerSkipExpander, "ngram": NgramExpander}
+# timing-free cost model of a seeded run (docs/design/tree.md): one verified node costs this
+# share of a target step
+VERIFY_SLOPE = 0.03
+
+
+def make_drafter(drafter, options=None):
+    """The tree drafter named ``drafter``: one of ``EXPANDERS``, a registered strategy that
+    implements ``tree_start`` / ``tree_step`` (built by name through the public registry,
+    with ``options``), or an object that does."""
+    options = {} if options is None else options
+    if not isinstance(options, dict):
+        raise ValueError(f"drafter_options={options!r} is invalid: use a mapping of the drafter's options")
+    if isinstance(drafter, str):
+        if drafter in EXPANDERS:
+            try:
+                obj = EXPANDERS[drafter](**options)
+            except TypeError as exc:
+                raise ValueError(f"drafter_options for {drafter!r}: {exc}") from None
+        else:
+            registry = get_registry()
+            names = registry.names("strategy")
+            if drafter not in names:
+                raise ValueError(f"drafter={drafter!r} is invalid: use {', '.join(EXPANDERS)} or a registered strategy "
+                                 f"that implements tree_start/tree_step (registered: {', '.join(names)})")
+            obj = registry.create("strategy", drafter, **options)
+    else:
+        obj = drafter
+    if not (callable(getattr(obj, "tree_start", None)) and callable(getattr(obj, "tree_step", None))):
+        raise ValueError(f"drafter {getattr(obj, 'name', obj)!r} does not implement the tree expansion protocol "
+                         "(tree_start(ctx), tree_step(tokens, parents)); see docs/plugin-authoring.md")
+    return obj
+
+
+class TreeStrategy:
+    """What both tree strategies share: the drafter's lifecycle, the start-up check that the
+    target takes tree masks, the commit of the previous tree's accepted path and the shaper."""
+
+    name = "tree"
+
+    def __init__(self, drafter, drafter_options, adaptive: bool, shapes: list, name: str | None = None):
+        if not isinstance(adaptive, bool):
+            raise ValueError(f"adaptive={adaptive!r} is invalid: use true or false")
+        if name is not None:
+            self.name = name
+        self.drafter = make_drafter(drafter, drafter_options)
+        self.hidden_layers = list(getattr(self.drafter, "hidden_layers", []))
+        self.shaper = Shaper(shapes if adaptive else shapes[-1:])
+        self.prev: tuple[list[int], list] | None = None  # (rows, per row (tokens, parents, root position))
+
+    def setup(self, env) -> None:
+        if not TargetRunner(env.target).supports_trees():
+            kind = getattr(getattr(env.target, "config", None), "model_type", type(env.target).__name__)
+            raise LightSpecError(f"strategy {self.name!r} drafts token trees, but this target ({kind}) does not take the "
+                                 "custom attention masks trees need; use a chain strategy (e.g. draft_model, ngram)")
+        if hasattr(self.drafter, "setup"):
+            self.drafter.setup(env)
+        self.hidden_layers = list(getattr(self.drafter, "hidden_layers", []))
+
+    def reset(self) -> None:
+        self.prev = None
+        self.shaper.reset()
+        if hasattr(self.drafter, "reset"):
+            self.drafter.reset()
+
+    def draft_cost_hints(self) -> dict[str, float]:
+        hints = self.drafter.draft_cost_hints() if hasattr(self.drafter, "draft_cost_hints") else {}
+        return {self.name: max(hints.values(), default=0.1)}
+
+    def _commit_previous(self, ctx) -> None:
+        """Tell the drafter which of its last tree's nodes the sequences now continue with."""
+        if self.prev is None or not hasattr(self.drafter, "tree_commit"):
+            return
+        rows, trees = self.prev
+        now = {r: seq for r, seq in zip(ctx.row_ids, ctx.sequences)}
+        paths = [walk(t, p, now[r], root + 1) if r in now else [] for r, (t, p, root) in zip(rows, trees)]
+        self.drafter.tree_commit(paths)
+
+    def _remember(self, ctx, drafted: list[tuple[list[int], list[int]]]) -> None:
+        self.prev = (list(ctx.row_ids), [(t, p, len(seq) - 1) for (t, p), seq in zip(drafted, ctx.sequences)])
+
+    @hookimpl
+    def lightspec_propose(self, ctx):
+        limits = list(ctx.max_draft_list)
+        if max(limits) <= 0:
+            return None
+        t0 = time.perf_counter()
+        self._commit_previous(ctx)
+        shape = self.shaper.choose(None if not ctx.deterministic else self._cost)
+        with torch.inference_mode():
+            tokens, parents, conf, drafted = self._expand(ctx, limits, shape)
+        self._remember(ctx, drafted)
+        ctx.timer.record(self.name, time.perf_counter() - t0, max(len(t) for t in tokens))
+        return pack(tokens, parents, ctx.device, self.name, conf)
+
+    @hookimpl
+    def lightspec_on_stats(self, event) -> None:
+        if getattr(event, "kind", None) == "step":
+            self.shaper.observe(event)
+        if hasattr(self.drafter, "lightspec_on_stats"):  # a registered drafter may learn from them too
+            self.drafter.lightspec_on_stats(event=event)
+
+
+class DynamicTree(TreeStrategy):
+    """EAGLE-2's dynamic tree: the root's ``top_k`` best children are the first frontier;
+    each level, every frontier node's ``top_k`` children join the candidates (score = the
+    cumulative log-probability of the path) and the level's best ``top_k`` become the next
+    frontier, for ``depth`` levels; the proposal is the best ``total_tokens`` candidates
+    (never more than the row's budget), closed under parents.  ``adaptive``: the shaper
+    picks per step among a chain, a two-wide tree and the full shape."""
+
+    name = "dynamic_tree"
+
+    def __init__(self, drafter="draft_model", drafter_options=None, depth: int = 5, top_k: int = 4,
+                 total_tokens: int = 16, adaptive: bool = True, name: str | None = None):
+        for key, v in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise ValueError(f"{key}={v!r} is invalid: use an integer >= 1")
+        shapes = [(1, depth, depth)]
+        if top_k > 2:
+            shapes.append((2, depth, min(total_tokens, 2 * depth)))
+        if top_k > 1:
+            shapes.append((top_k, depth, total_tokens))
+        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        super().__init__(drafter, drafter_options, adaptive, shapes, name)
+
+    def _cost(self, shape) -> float:
+        k, d, t = shape
+        hint = self.draft_cost_hints()[self.name]
+        return 1.0 + VERIFY_SLOPE * t + hint * d
+
+    def _expand(self, ctx, limits: list[int], shape):
+        K, D, T = shape
+        lp = self.drafter.tree_start(ctx).float()  # [B, V]
+        B, dev = lp.shape[0], lp.device
+        score, tok = lp.topk(min(K, lp.shape[-1]), dim=-1)  # the first level: [B, K]
+        pool_tok, pool_score = tok, score
+        pool_par = torch.full_like(tok, -1)
+        run = torch.full_like(tok, -1)  # each candidate's index among the nodes given to the drafter
+        frontier = torch.arange(tok.shape[1], device=dev).expand(B, -1)  # pool indices
+        given = 0
+        for _ in range(D - 1):
+            f_tok = pool_tok.gather(1, frontier)
+            f_par = pool_par.gather(1, frontier)
+            f_par_run = torch.where(f_par >= 0, run.gather(1, f_par.clamp(min=0)), f_par)
+            child_lp = self.drafter.tree_step(f_tok, f_par_run).float()  # [B, F, V]
+            F = f_tok.shape[1]
+            run = run.scatter(1, frontier, torch.arange(given, given + F, device=dev).expand(B, -1))
+            given += F
+            c_score, c_tok = child_lp.topk(min(K, child_lp.shape[-1]), dim=-1)  # [B, F, K]
+            c_score = (pool_score.gather(1, frontier)[:, :, None] + c_score).reshape(B, -1)
+            c_par = frontier[:, :, None].expand(-1, -1, c_tok.shape[-1]).reshape(B, -1)
+            base = pool_tok.shape[1]
+            pool_tok = torch.cat([pool_tok, c_tok.reshape(B, -1)], 1)
+            pool_score = torch.cat([pool_score, c_score], 1)
+            pool_par = torch.cat([pool_par, c_par], 1)
+            run = torch.cat([run, torch.full_like(c_par, -1)], 1)
+            frontier = base + c_score.topk(min(K, c_score.shape[1]), dim=-1).indices
+        toks, pars, scores, runs = pool_tok.tolist(), pool_par.tolist(), pool_score.tolist(), run.tolist()
+        out_t, out_p, conf, drafted = [], [], [], []
+        for b in range(B):
+            keep = select_best(scores[b], pars[b], min(T, limits[b]))
+            t, p = renumber(keep, toks[b], pars[b])
+            out_t.append(t)
+            out_p.append(p)
+            conf.append([_step_prob(scores[b], pars[b], j) for j in keep])
+            # the drafter's own numbering of the nodes it ran, for the commit
+            order = sorted((r, j) for j, r in enumerate(runs[b]) if r >= 0)
+            drafted.append(([toks[b][j] for _, j in order], [runs[b][pars[b][j]] if pars[b][j] >= 0 else -1
+                                                            for _, j in order]))
+        return out_t, out_p, conf, drafted
+
+
+def _step_prob(scores: list[float], parents: list[int], j: int) -> float:
+    """A node's probability given its parent (its cumulative score minus its parent's)."""
+    import math
+
+    up = scores[parents[j]] if parents[j] >= 0 else 0.0
+    return math.exp(scores[j] - up)
+
+
+class StaticTree(TreeStrategy):
+    """A fixed tree given as a Medusa choice list: path ``[i, j, ...]`` is the node reached
+    by the ``i``-th best child of the root, then that node's ``j``-th best child, ... under
+    the drafter's distributions.  A row proposes the first ``max_draft`` paths (in depth,
+    then rank, order) that the drafter gives a token.  ``adaptive``: the shaper picks per
+    step between the whole tree and its chain of best children."""
+
+    name = "static_tree"
+
+    DEFAULT = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0],
+               [0, 0, 0, 0, 0]]
+
+    def __init__(self, choices=None, drafter="draft_model", drafter_options=None, adaptive: bool = True,
+                 name: str | None = None):
+        self.choices = parse_choices(self.DEFAULT if choices is None else choices)
+        chain = tuple(p for p in self.choices if not any(p))
+        shapes = [chain, tuple(self.choices)] if chain and len(chain) < len(self.choices) else [tuple(self.choices)]
+        super().__init__(drafter, drafter_options, adaptive, shapes, name)
+
+    def _cost(self, shape) -> float:
+        hint = self.draft_cost_hints()[self.name]
+        return 1.0 + VERIFY_SLOPE * len(shape) + hint * max(len(p) for p in shape)
+
+    def _expand(self, ctx, limits: list[int], shape):
+        paths = list(shape)
+        need = {}  # path -> how many of its best children the choices use
+        for p in paths:
+            need[p[:-1]] = max(need.get(p[:-1], 0), p[-1] + 1)
+        dist = {(): self.drafter.tree_start(ctx).float()}
+        top: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        tok, score, run = {}, {}, {}
+        given = 0
+        for depth in range(1, max(len(p) for p in paths) + 1):
+            level = [p for p in paths if len(p) == depth]
+            for p in level:
+                up = p[:-1]
+                if up not in top:
+                    top[up] = dist[up].topk(min(need[up], dist[up].shape[-1]), dim=-1)
+                vals, ids = top[up]
+                if p[-1] >= ids.shape[1]:  # a vocabulary smaller than the rank asked for
+                    vals, ids = vals[:, :1].clone().fill_(float("-inf")), ids[:, :1]
+                    tok[p], score[p] = ids[:, 0], vals[:, 0]
+                else:
+                    tok[p] = ids[:, p[-1]]
+                    score[p] = vals[:, p[-1]] + (score[up] if up else 0.0)
+            grow = [p for p in level if p in need]
+            if grow:
+                f_tok = torch.stack([tok[p] for p in grow], 1)
+                f_par = torch.tensor([run[p[:-1]] if p[:-1] else -1 for p in grow], device=f_tok.device)
+                lp = self.drafter.tree_step(f_tok, f_par.expand(f_tok.shape[0], -1)).float()
+                for i, p in enumerate(grow):
+                    run[p], dist[p] = given + i, lp[:, i]
+                given += len(grow)
+        B = len(limits)
+        toks = torch.stack([tok[p] for p in paths], 1).tolist()
+        scores = torch.stack([score[p] for p in paths], 1).tolist()
+        index = {p: i for i, p in enumerate(paths)}
+        parents = [index[p[:-1]] if p[:-1] else -1 for p in paths]
+        grown = sorted(run, key=run.get)
+        out_t, out_p, conf, drafted = [], [], [], []
+        for b in range(B):
+            keep: list[int] = []
+            for j in range(len(paths)):
+                if len(keep) >= limits[b]:
+                    break
+                if scores[b][j] != float("-inf") and (parents[j] < 0 or parents[j] in keep):
+                    keep.append(j)
+            t, par = renumber(keep, toks[b], parents)
+            out_t.append(t)
+            out_p.append(par)
+            conf.append([_step_prob(scores[b], parents, j) for j in keep])
+            drafted.append(([toks[b][index[p]] for p in grown], [run[p[:-1]] if p[:-1] else -1 for p in grown]))
+        return out_t, out_p, conf, drafted
+
+
+def eagle3_tree(**options) -> DynamicTree:
+    """``dynamic_tree`` over the ``eagle3`` drafter (the lightspec-eagle3 plugin)."""
+    if "eagle3" not in get_registry().names("strategy"):
+        raise LightSpecError("the 'eagle3' drafter that eagle3_tree grows its trees from is not installed; it comes "
+                             "with the lightspec-eagle3 plugin: pip install lightspec-eagle3")
+    return DynamicTree(drafter="eagle3", name="eagle3_tree", **options)

@@ -1,0 +1,109 @@
+"""Tree bookkeeping, the tree_union fusion and the shaper, without models."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from lightspec_tree.fusion import TreeUnion
+from lightspec_tree.shaper import Shaper
+from lightspec_tree.tree_build import parse_choices, select_best, walk
+
+from lightspec_core import DraftProposal, StepContext
+
+
+def test_choices_are_sorted_and_checked():
+    assert parse_choices([[0, 0], [1], [0]]) == [(0,), (1,), (0, 0)]
+    with pytest.raises(ValueError, match=r"\[0, 1\].*needs its parent path \[0\]"):
+        parse_choices([[1], [0, 1]])
+    with pytest.raises(ValueError, match="path -1 is invalid"):
+        parse_choices([[0], -1])
+    with pytest.raises(ValueError, match=r"path \[0, -2\] is invalid"):
+        parse_choices([[0], [0, -2]])
+    with pytest.raises(ValueError, match="non-empty list of paths"):
+        parse_choices([])
+
+
+def test_select_best_keeps_parents_and_drops_minus_inf():
+    inf = float("-inf")
+    #        0     1     2     3     4     5
+    scores = [-0.1, -0.5, -0.3, -0.2, inf, -2.0]
+    parents = [-1, -1, 0, 0, 1, 4]
+    assert select_best(scores, parents, 3) == [0, 2, 3]
+    assert select_best(scores, parents, 10) == [0, 1, 2, 3]  # 4 is -inf, so 5 has no parent
+    assert select_best(scores, parents, 0) == []
+
+
+def test_walk_follows_the_sequence_down_the_tree():
+    tokens, parents = [5, 6, 7, 8, 9], [-1, -1, 0, 0, 3]
+    assert walk(tokens, parents, (1, 2, 5, 8, 9, 4), 2) == [0, 3, 4]
+    assert walk(tokens, parents, (1, 2, 6, 7), 2) == [1]
+    assert walk(tokens, parents, (1, 2, 3), 2) == []
+
+
+def _ctx(batch, limits):
+    return StepContext(step=1, sequences=[(1, 2)] * batch, row_ids=list(range(batch)), max_draft_list=limits,
+                       max_draft=torch.tensor(limits), vocab_size=32)
+
+
+def test_tree_union_merges_shared_prefixes_of_chains_and_trees():
+    chain = DraftProposal(tokens=torch.tensor([[5, 6, 7], [9, 9, 9]]), lengths=torch.tensor([3, 1]), source="a",
+                          confidence=torch.tensor([[0.9, 0.8, 0.7], [0.5, 0.0, 0.0]]))
+    # row 0: a tree that shares [5, 6] with the chain and branches (5 -> 8), plus another root child 4
+    tree = DraftProposal(tokens=torch.tensor([[5, 4, 6, 8], [9, 3, 0, 0]]), lengths=torch.tensor([4, 2]),
+                         parents=torch.tensor([[-1, -1, 0, 0], [-1, 0, -1, -1]]), source="b")
+    fused = TreeUnion().lightspec_fuse(ctx=_ctx(2, [10, 10]), proposals=[chain, None, tree])
+    nodes, parents = fused.node_rows(), fused.parent_rows()
+    # level by level: depth 1 (5, then 4), depth 2 (6 under 5, then 8 under 5), depth 3 (7 under 6)
+    assert nodes[0] == [5, 4, 6, 8, 7] and parents[0] == [-1, -1, 0, 0, 2]
+    assert nodes[1] == [9, 3] and parents[1] == [-1, 0]
+    assert fused.probs is None
+    assert fused.source_of(0) == "a+b" and fused.source_of(1) == "a+b"
+    assert fused.confidence[0, 0].item() == pytest.approx(0.9)  # the highest any drafter gave
+
+
+def test_tree_union_respects_the_budget_keeping_shallow_nodes_of_every_drafter():
+    a = DraftProposal(tokens=torch.tensor([[5, 6, 7, 8]]), lengths=torch.tensor([4]), source="a")
+    b = DraftProposal(tokens=torch.tensor([[9, 10, 11]]), lengths=torch.tensor([3]), source="b")
+    fused = TreeUnion().lightspec_fuse(ctx=_ctx(1, [3]), proposals=[a, b])
+    assert fused.node_rows() == [[5, 9, 6]] and fused.parent_rows() == [[-1, -1, 0]]
+    assert TreeUnion().lightspec_fuse(ctx=_ctx(1, [3]), proposals=[None, None]) is None
+
+
+def _event(accepted, drafted, seconds):
+    return SimpleNamespace(kind="step", accepted=accepted, drafted=drafted, step_time_s=seconds, failure=None)
+
+
+def test_shaper_probes_every_shape_then_takes_the_best_per_cost():
+    shaper = Shaper(["chain", "tree"], probe=2, every=100)
+    measured = {"chain": (3.0, 1.0), "tree": (3.2, 1.5)}  # the tree accepts a bit more but costs much more
+    picks = []
+    for _ in range(8):
+        s = shaper.choose()
+        picks.append(s)
+        acc, t = measured[s]
+        shaper.observe(_event([acc], [5], t))
+    assert picks[:4] == ["chain", "chain", "tree", "tree"]
+    assert picks[4:] == ["chain"] * 4  # the tree does not pay: a chain
+    # where the tree's acceptance pays for its cost, it wins
+    shaper.reset()  # a new generate() keeps the measurements
+    assert shaper.tries == {"chain": 6, "tree": 2} and shaper.choose() == "chain"
+    shaper.forget()
+    measured["tree"] = (5.0, 1.1)
+    for _ in range(6):
+        s = shaper.choose()
+        shaper.observe(_event([measured[s][0]], [8], measured[s][1]))
+    assert shaper.choose() == "tree"
+
+
+def test_shaper_on_seeded_runs_uses_the_timing_free_cost():
+    shaper = Shaper([(1, 5, 5), (4, 5, 16)], probe=1, every=100)
+    cost = lambda s: 1.0 + 0.03 * s[2]  # noqa: E731
+    for s, acc in (((1, 5, 5), 2.0), ((4, 5, 16), 2.2)):
+        assert shaper.choose(cost) == s
+        shaper.observe(_event([acc], [5], 99.0))  # timings are ignored
+    assert shaper.choose(cost) == (1, 5, 5)  # 3.0/1.15 > 3.2/1.48
+    # steps without a draft, or that failed, are not credited
+    shaper.observe(_event([0], [0], 1.0))
+    assert shaper.tries[(1, 5, 5)] == 1
