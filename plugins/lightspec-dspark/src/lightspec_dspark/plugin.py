@@ -24,12 +24,24 @@ def _dflash(**options):
     return DFlashStrategy(**options)
 
 
+def _adaptive(**options):
+    from .adaptive import AdaptiveStrategy
+
+    return AdaptiveStrategy(**options)
+
+
 @hookimpl
 def lightspec_register_strategies(register):
     register("dspark", _dspark, params=DRAFT_PARAMS,
              description="DSpark block drafting: one parallel forward per block, Markov bias, confidence head (survival)")
     register("dflash", _dflash, params=DRAFT_PARAMS,
              description="DFlash block drafting: one parallel forward per block from the target's hidden states")
+    register("adaptive", _adaptive,
+             params={"drafter": "the drafting strategy to wrap: a name, or a mapping with 'type' and its options (dspark)",
+                     "options": "the wrapped drafter's options (a mapping)",
+                     "max_width": "widest verify forward timed at start-up, in draft tokens (16)"},
+             description="adaptive verification for any drafter: keep the global top-K* nodes by survival, "
+                         "K* maximising tokens per measured second")
 
 
 @hookimpl
