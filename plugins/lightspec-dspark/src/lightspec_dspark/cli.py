@@ -41,6 +41,8 @@ def dspark():
 @click.option("--lr", default=3e-3, show_default=True, type=float)
 @click.option("--steps", default=100_000, show_default=True, type=click.IntRange(1))
 @click.option("--time-budget-s", default=None, type=float, help="Stop (and save) after this many seconds of training.")
+@click.option("--stop-at", default=None, type=click.IntRange(1),
+              help="Stop (and save) at this step; the learning-rate schedule still spans --steps (resume later).")
 @click.option("--save-every", default=200, show_default=True, type=click.IntRange(1))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:i].")

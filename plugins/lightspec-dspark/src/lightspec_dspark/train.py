@@ -59,6 +59,7 @@ class TrainArgs:
     lr: float = 3e-3
     steps: int = 100_000
     time_budget_s: float | None = None
+    stop_at: int | None = None  # stop (and save) at this step; the schedule still spans ``steps``
     save_every: int = 200
     seed: int = 0
     device: str = "cpu"
@@ -225,7 +226,6 @@ def train(target, tokenizer, args: TrainArgs, progress=None, log=print) -> dict:
         drafter.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, elapsed, history = state["step"], state["elapsed_s"], state["history"]
-    gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
     order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(args.seed))
 
     def sched(s: int) -> float:
@@ -254,10 +254,13 @@ def train(target, tokenizer, args: TrainArgs, progress=None, log=print) -> dict:
     while step < args.steps:
         if args.time_budget_s is not None and time.perf_counter() - t_start >= args.time_budget_s:
             break
+        if args.stop_at is not None and step >= args.stop_at:
+            break
         i = (step * args.batch_size) % len(seqs)
         idx = order[torch.arange(i, i + args.batch_size) % len(seqs)]
         for g in opt.param_groups:
             g["lr"] = args.lr * sched(step)
+        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)  # per step: a resumed run draws the same anchors
         loss, metrics = step_loss(drafter, target, seqs[idx].to(device), args, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
