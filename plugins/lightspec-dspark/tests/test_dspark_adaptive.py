@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from dspark_fixtures import hf_greedy, prompts, tiny_target, write_checkpoint
+from lightspec_dspark.adaptive import AdaptiveStrategy, node_survival, select_top_k, trim
 
 from lightspec_core import DraftProposal, MTPPipeline
-from lightspec_dspark.adaptive import AdaptiveStrategy, node_survival, select_top_k, trim
 
 
 def _brute(S, valid, draft, verify):
@@ -35,7 +35,7 @@ def test_selection_keeps_prefixes_and_maximises_the_rate():
         lengths = torch.randint(0, N + 1, (B,), generator=g)
         valid = torch.arange(N)[None] < lengths[:, None]
         slope = float(torch.rand(1, generator=g)) * 0.3
-        verify = lambda w, s=slope: 1.0 + s * B * (w - 1)  # noqa: E731
+        verify = lambda w, s=slope, rows=B: 1.0 + s * rows * (w - 1)  # noqa: E731
         keep, k = select_top_k(S, valid, 0.2, verify)
         assert k == _brute(S, valid, 0.2, verify)
         assert int(keep.sum()) == k and not bool((keep & ~valid).any())

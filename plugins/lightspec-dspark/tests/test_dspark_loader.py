@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 from dspark_fixtures import tiny_target, write_checkpoint
+from lightspec_dspark.checkpoint import load_drafter, save_drafter
+from lightspec_dspark.config import CheckpointError
 from safetensors.torch import load_file
 
 from lightspec_core import LightSpecError
-from lightspec_dspark.checkpoint import load_drafter, save_drafter
-from lightspec_dspark.config import CheckpointError
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from lightspec_core import DraftProposal, InvalidValueError, SparseProbs, hookimpl, warped_probs, exponential_noise
+from lightspec_core import DraftProposal, InvalidValueError, SparseProbs, exponential_noise, hookimpl, warped_probs
 
 from .checkpoint import load_drafter
 from .config import CheckpointError, read_config

@@ -3,10 +3,12 @@
 Data: windows of ``prompt_len`` tokens from a text corpus, each continued by the target itself
 (``gen_len`` greedy tokens: on-policy, generated once and kept in ``OUT/data.pt``).  A step runs
 the target over a batch of sequences (hidden states of the tapped layers and its logits, no
-gradient), samples ``anchors`` block starts per sequence in the generated part, drafts every
+gradient), samples ``anchors`` block starts per sequence in the generated part (the target's side, tapped
+states in fp16 and its top-32 next-token probabilities, is computed once and kept in
+``OUT/targets.pt`` unless ``cache_targets`` is off), drafts every
 block in one forward of the drafter (each block sees the context before its anchor and its own
 slots) and minimises, per block slot k (weight ``exp(-k / block_size)``),
-``KL(p_target || p_draft)`` with the Markov bias teacher-forced on the true previous tokens,
+``KL(p_target || p_draft)`` (p_target: the target's top-32, renormalised) with the Markov bias teacher-forced on the true previous tokens,
 plus ``BCE(confidence, 1 - 0.5 * |p_draft - p_target|_1)`` for the confidence head.
 
 ``OUT`` holds the public checkpoint (``config.json``, ``model.safetensors`` in ``save_dtype``),
@@ -66,6 +68,8 @@ class TrainArgs:
     save_dtype: str = "float16"
     resume: bool = False
     progress: bool = True
+    cache_targets: bool = True  # run the target over the data once (taps in fp16 + top-k) instead of every step
+    topk: int = 32
 
 
 def default_taps(num_layers: int) -> list[int]:
@@ -153,15 +157,26 @@ def block_mask(anchors: torch.Tensor, T: int, gamma: int) -> torch.Tensor:
     return torch.cat([ctx, own[None].expand(B, q, q)], dim=-1)[:, None]
 
 
-def step_loss(drafter, target, seqs: torch.Tensor, args: TrainArgs, gen: torch.Generator):
-    """``(loss, metrics)`` of one batch ``seqs [B, S]``."""
+@torch.no_grad()
+def target_batch(target, seqs: torch.Tensor, layer_ids: list[int], lo: int, topk: int):
+    """The target's side of a batch ``seqs [B, S]``: ``taps [B, S, L * H]`` (the tapped states,
+    concatenated) and its next-token distribution at positions ``lo .. S - 1`` as the top ``topk``
+    ``(ids [B, S - lo, k], probs [B, S - lo, k])`` (probabilities of the full softmax)."""
+    out = target(input_ids=seqs, attention_mask=torch.ones_like(seqs), output_hidden_states=True,
+                 logits_to_keep=seqs.shape[1] - lo)
+    taps = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    probs, ids = out.logits.float().softmax(-1).topk(min(topk, out.logits.shape[-1]), dim=-1)
+    return taps, ids, probs
+
+
+def step_loss(drafter, seqs: torch.Tensor, taps, t_ids, t_probs, lo: int, args: TrainArgs, gen: torch.Generator):
+    """``(loss, metrics)`` of one batch ``seqs [B, S]`` with the target's side from :func:`target_batch`.
+    The target distribution is its top-k, renormalised (k = ``TOPK``: the rest is below the
+    draft's resolution and would cost a [B, S, V] copy of the target's logits per sequence)."""
     cfg, gamma = drafter.cfg, drafter.cfg.block_size
     B, S = seqs.shape
-    with torch.no_grad():
-        out = target(input_ids=seqs, attention_mask=torch.ones_like(seqs), output_hidden_states=True)
-        taps = torch.cat([out.hidden_states[i + 1] for i in cfg.target_layer_ids], dim=-1)
-        t_logits = out.logits
-    lo, hi = max(1, args.prompt_len - 1), S - gamma - 1
+    taps = taps.to(seqs.device).float()
+    hi = S - gamma - 1
     nb = min(args.anchors, hi - lo + 1)
     anchors = torch.stack([torch.randperm(hi - lo + 1, generator=gen)[:nb] + lo for _ in range(B)]).sort(-1).values
     anchors = anchors.to(seqs.device)
@@ -177,20 +192,26 @@ def step_loss(drafter, target, seqs: torch.Tensor, args: TrainArgs, gen: torch.G
     logits = drafter.base_logits(h4)
     if drafter.markov_head is not None:
         logits = logits + drafter.markov_head.block_bias(prev, h4)
-    p_t = t_logits.gather(1, pos[..., None].expand(-1, -1, t_logits.shape[-1])).reshape(B, nb, gamma, -1).softmax(-1)
+    k = t_ids.shape[-1]
+    rel = (pos - lo)[..., None].expand(-1, -1, k).to(t_ids.device)
+    tid = t_ids.gather(1, rel).to(seqs.device).long().reshape(B, nb, gamma, k)
+    tp = t_probs.gather(1, rel).to(seqs.device).float().reshape(B, nb, gamma, k)
+    tp = tp / tp.sum(-1, keepdim=True)
     logp_d = logits.float().log_softmax(-1)
-    kl = (p_t * (p_t.clamp_min(1e-12).log() - logp_d)).sum(-1)  # [B, nb, gamma]
+    at = logp_d.gather(-1, tid)
+    kl = (tp * (tp.clamp_min(1e-12).log() - at)).sum(-1)  # [B, nb, gamma]
     w = torch.exp(-offs.float() / gamma)
     loss = (kl * w).mean(0).mean(0).sum() / w.sum()
     metrics = {"kl": float(kl.detach().mean())}
     conf = drafter.confidence_logit(h4, prev)
     if conf is not None:
-        tv = 0.5 * (logp_d.exp() - p_t).abs().sum(-1)
+        pd = at.exp()
+        tv = 0.5 * ((pd - tp).abs().sum(-1) + (1 - pd.sum(-1)).clamp(min=0))
         c_loss = F.binary_cross_entropy_with_logits(conf.float(), (1 - tv).detach().clamp(0, 1))
         loss = loss + c_loss
         metrics["confidence_bce"] = float(c_loss.detach())
     with torch.no_grad():
-        match = (logits.argmax(-1) == p_t.argmax(-1)).float()  # teacher-forced greedy agreement
+        match = (logits.argmax(-1) == tid[..., 0]).float()  # teacher-forced greedy agreement
         metrics["acc_per_slot"] = [round(float(x), 4) for x in match.mean((0, 1))]
         metrics["accepted_len_tf"] = float(match.cumprod(-1).sum(-1).mean()) + 1.0
     metrics["loss"] = float(loss.detach())
@@ -220,6 +241,22 @@ def train(target, tokenizer, args: TrainArgs, progress=None, log=print) -> dict:
     else:
         seqs = make_sequences(target, read_corpus(args.data, tokenizer, args.exclude), args, device, progress)
         torch.save(seqs, data_path)
+    lo = max(1, args.prompt_len - 1)
+    cache = None
+    if args.cache_targets:
+        cache_path = out / "targets.pt"
+        if cache_path.is_file():
+            cache = torch.load(cache_path)
+        else:
+            parts = []
+            bar = progress(total=len(seqs), desc="target states", unit="seq")
+            for i in range(0, len(seqs), args.batch_size):
+                taps, tid, tp = target_batch(target, seqs[i : i + args.batch_size].to(device), cfg.target_layer_ids, lo, args.topk)
+                parts.append((taps.half().cpu(), tid.short().cpu() if tid.max() < 32768 else tid.cpu(), tp.half().cpu()))
+                bar.update(len(taps))
+            bar.close()
+            cache = tuple(torch.cat([p[j] for p in parts]) for j in range(3))
+            torch.save(cache, cache_path)
     history: list[dict] = []
     step, elapsed = 0, 0.0
     if resumed:
@@ -261,7 +298,9 @@ def train(target, tokenizer, args: TrainArgs, progress=None, log=print) -> dict:
         for g in opt.param_groups:
             g["lr"] = args.lr * sched(step)
         gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)  # per step: a resumed run draws the same anchors
-        loss, metrics = step_loss(drafter, target, seqs[idx].to(device), args, gen)
+        batch = seqs[idx].to(device)
+        side = tuple(t[idx] for t in cache) if cache is not None else target_batch(target, batch, cfg.target_layer_ids, lo, args.topk)
+        loss, metrics = step_loss(drafter, batch, *side, lo, args, gen)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
