@@ -104,14 +104,16 @@ class DSparkStrategy:
         cfg = self.drafter.cfg
         self.block = min(cfg.block_size, self.max_draft or cfg.block_size)
         self.hidden_layers = [i + 1 for i in cfg.target_layer_ids]
+        # one block forward drafts up to `block` tokens: per token, the share of the target's
+        # parameters that forward reads, divided by the block
         own = sum(p.numel() for p in self.drafter.parameters()) + self.drafter.lm_head.weight.numel()
-        self.cost_hint = own / max(1, sum(p.numel() for p in env.target.parameters()))
+        self.cost_hint = own / max(1, sum(p.numel() for p in env.target.parameters())) / self.block
 
     def reset(self) -> None:
         self.rows = {}
 
     def draft_cost_hints(self) -> dict[str, float]:
-        """The share of the target's parameters a block forward reads (timing-free)."""
+        """Per draft token: the share of the target's parameters a block forward reads, over the block (timing-free)."""
         return {self.name: self.cost_hint}
 
     # -- drafting -------------------------------------------------------------------------
