@@ -92,3 +92,28 @@ def test_inference_block_equals_the_training_layout(tmp_path, target):
                 prev = (base[:, k] + bias).argmax(-1)
                 ref.append(int(prev))
         assert drafted == ref[: len(drafted)] and drafted
+
+
+def test_zoo_target_finds_the_zoo_head():
+    """``dspark`` without a checkpoint on the zoo target uses the head shipped in the zoo; on
+    another target it asks for a checkpoint."""
+    import lightspec_zoo
+    from lightspec_core.pipeline import load_model
+    from lightspec_dspark.strategy import DSparkStrategy, zoo_head_for
+
+    from lightspec_core import LightSpecError
+
+    zoo = load_model(lightspec_zoo.model_path(), torch.device("cpu"), torch.float32)
+    head = zoo_head_for(zoo)
+    assert head == lightspec_zoo.MODELS_DIR / "dspark"
+    strat = DSparkStrategy()
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(lightspec_zoo.model_path())
+    pipe = MTPPipeline(zoo, tok, strategy=strat)
+    assert strat.path == str(head)
+    out = pipe.generate("def add(a, b):\n    return", max_new_tokens=24, ignore_eos=True)
+    assert out.token_ids == hf_greedy(zoo, tok("def add(a, b):\n    return")["input_ids"], 24)
+    assert out.stats.accepted > 0  # the trained head drafts tokens the target keeps
+    with pytest.raises(LightSpecError, match="checkpoint=PATH"):
+        MTPPipeline(tiny_target("llama"), _Tok(), strategy="dspark")

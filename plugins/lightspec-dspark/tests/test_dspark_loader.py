@@ -107,3 +107,22 @@ def test_refuses_unknown_markov_type_and_unused_tensors(tmp_path, target):
 def test_reduced_vocab_needs_lm_head_and_d2t(tmp_path, target):
     msg = _error(tmp_path, target, draft_vocab=40, drop="d2t")
     assert "'d2t'" in msg and "draft_vocab_size=40" in msg
+
+
+def test_dflash_strategy_refuses_a_dspark_checkpoint_and_bad_options(tmp_path, target):
+    from lightspec_dspark.strategy import DSparkStrategy
+
+    from lightspec_core import MTPPipeline
+
+    ckpt = write_checkpoint(tmp_path, target)
+
+    class Tok:
+        eos_token_id, pad_token_id = 2, 0
+
+        def __len__(self):
+            return 96
+
+    with pytest.raises(CheckpointError, match="markov_rank=4.*strategy 'dspark'"):
+        MTPPipeline(target, Tok(), strategy="dflash", checkpoint=str(ckpt))
+    with pytest.raises(LightSpecError, match="max_draft=0"):
+        DSparkStrategy(max_draft=0)
