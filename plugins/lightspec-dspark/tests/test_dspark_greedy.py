@@ -110,7 +110,7 @@ def test_zoo_target_finds_the_zoo_head():
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(lightspec_zoo.model_path())
-    pipe = MTPPipeline(zoo, tok, strategy=strat)
+    pipe = MTPPipeline(zoo, tok, strategy=strat, budget={"type": "static", "k": 6})
     assert strat.path == str(head)
     out = pipe.generate("def add(a, b):\n    return", max_new_tokens=24, ignore_eos=True)
     assert out.token_ids == hf_greedy(zoo, tok("def add(a, b):\n    return")["input_ids"], 24)

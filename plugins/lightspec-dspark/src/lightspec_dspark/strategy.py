@@ -187,15 +187,17 @@ class DSparkStrategy:
             if d.markov_head is not None:
                 bias, state = d.markov_head.step(prev, h[:, k], state)
                 logits = logits + bias.float()
-            p = logits.softmax(-1)
-            ent[:, k] = torch.special.entr(p).sum(-1)
+            c = d.confidence_logit(h[:, k], prev)
+            # the full softmax (entropy, peak) only where something reads it: sampling, or no confidence head
+            p = logits.softmax(-1) if (c is None or not greedy) else None
+            if p is not None:
+                ent[:, k] = torch.special.entr(p).sum(-1)
             if greedy:
                 tok = logits.argmax(-1)
             else:
                 q = warped_probs(logits, ctx.sampling)
                 tok = (q / exponential_noise(ctx.generators, q.shape[-1], dev)).argmax(-1)
                 probs[:, k] = q
-            c = d.confidence_logit(h[:, k], prev)
             conf[:, k] = torch.sigmoid(c.float()) if c is not None else p.gather(1, tok[:, None])[:, 0]
             prev = d.to_target_ids(tok)
             tokens[:, k] = prev
@@ -214,8 +216,9 @@ class DSparkStrategy:
             probs = SparseProbs(ids=ids_t, probs=probs[:, :k])
         elif probs is not None:
             probs = probs[:, :k]
+        entropy = ent[:, :k] if (not greedy or d.confidence_head is None) else None
         return DraftProposal(tokens=tokens[:, :k], lengths=lengths, probs=probs, confidence=survival[:, :k],
-                             entropy=ent[:, :k], source=self.name)
+                             entropy=entropy, source=self.name)
 
 
 class DFlashStrategy(DSparkStrategy):
