@@ -1,5 +1,5 @@
 """lightspec-dspark is installed, discovered through the ``lightspec.plugins`` entry
-point and registered without errors (it provides no strategies yet)."""
+point and registered without errors, with its strategies, their parameters and its command."""
 
 from importlib.metadata import entry_points
 
@@ -22,8 +22,10 @@ def test_dspark_plugin_discovered(monkeypatch):
         info = registry.plugins["dspark"]
         assert info.distribution == "lightspec-dspark"
         assert info.version == "0.1.0"
-        assert "lightspec_register_strategies" in info.hooks
-        assert info.components == []  # scaffold: no placeholder strategies
+        assert "lightspec_register_strategies" in info.hooks and "lightspec_register_commands" in info.hooks
+        assert sorted(info.components) == ["strategy:adaptive", "strategy:dflash", "strategy:dspark"]
+        assert set(registry.get("strategy", "dspark").params) == {"checkpoint", "max_draft"}
+        assert set(registry.get("strategy", "adaptive").params) == {"drafter", "options", "max_width"}
         assert not [f for f in registry.failures if f.name == "dspark"]
     finally:
         get_registry(reload=True)

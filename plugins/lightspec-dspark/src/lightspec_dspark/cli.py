@@ -1,0 +1,93 @@
+"""``lightspec dspark ...``: the plugin's CLI commands (``train``).  Heavy imports happen inside
+the commands, so ``lightspec --help`` stays fast."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.group("dspark")
+def dspark():
+    """DSpark block drafters: train one for a target."""
+
+
+@dspark.command("train")
+@click.option("--target", required=True, help="The target model: a folder or hub id ('zoo' = the zoo target).")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (the checkpoint).")
+@click.option("--data", multiple=True, help="Text corpus: folders (*.py, *.txt, *.md, *.rst), files or .jsonl "
+              "(field 'text'). Default for the zoo target: the CPython stdlib the zoo was trained on.")
+@click.option("--exclude-list", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A file of paths (one a line) to leave out (default for the zoo target: its held-out files).")
+@click.option("--block-size", default=6, show_default=True, type=click.IntRange(1, 64))
+@click.option("--layers", "num_layers", default=1, show_default=True, type=click.IntRange(1, 64))
+@click.option("--intermediate-size", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--heads", "num_heads", default=4, show_default=True, type=click.IntRange(1))
+@click.option("--kv-heads", "num_kv_heads", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--head-dim", default=32, show_default=True, type=click.IntRange(2))
+@click.option("--taps", default=None, help="Target layer ids, comma-separated (id = HF hidden_states[id+1]); "
+              "default: a middle and the last layer.")
+@click.option("--markov-rank", default=4, show_default=True, type=click.IntRange(0))
+@click.option("--markov-head-type", default="vanilla", show_default=True, type=click.Choice(["vanilla", "gated", "rnn"]))
+@click.option("--confidence-head/--no-confidence-head", default=True, show_default=True)
+@click.option("--mask-token-id", default=None, type=click.IntRange(0), help="Default: the target's pad token (or 0).")
+@click.option("--prompt-len", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--gen-len", default=64, show_default=True, type=click.IntRange(2))
+@click.option("--sequences", default=4096, show_default=True, type=click.IntRange(1),
+              help="Corpus windows the target continues (on-policy data, made once).")
+@click.option("--batch-size", default=16, show_default=True, type=click.IntRange(1))
+@click.option("--anchors", default=16, show_default=True, type=click.IntRange(1), help="Blocks per sequence per step.")
+@click.option("--lr", default=3e-3, show_default=True, type=float)
+@click.option("--steps", default=100_000, show_default=True, type=click.IntRange(1))
+@click.option("--time-budget-s", default=None, type=float, help="Stop (and save) after this many seconds of training.")
+@click.option("--stop-at", default=None, type=click.IntRange(1),
+              help="Stop (and save) at this step; the learning-rate schedule still spans --steps (resume later).")
+@click.option("--save-every", default=200, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda[:i].")
+@click.option("--threads", default=None, type=click.IntRange(1), help="torch CPU threads.")
+@click.option("--save-dtype", default="float16", show_default=True, type=click.Choice(["float16", "bfloat16", "float32"]))
+@click.option("--resume", is_flag=True, help="Continue from OUT/trainer_state.pt.")
+@click.option("--json", "as_json", is_flag=True, help="Print the final log entry as JSON.")
+def train_cmd(target, out, data, exclude_list, taps, threads, as_json, **opts):
+    """Train a DSpark drafter for TARGET from its hidden states (writes the public DeepSpec format)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightspec_core import InvalidValueError
+
+    from .train import TrainArgs, train
+
+    if threads:
+        torch.set_num_threads(threads)
+    exclude: list[str] = []
+    if target == "zoo":
+        import lightspec_zoo
+
+        target = str(lightspec_zoo.model_path())
+        if exclude_list is None:
+            exclude_list = str(lightspec_zoo.PROMPTS_DIR / "heldout_files.txt")
+        if not data:
+            import sysconfig
+
+            data = (sysconfig.get_paths()["stdlib"],)
+    if not data:
+        raise InvalidValueError("--data is required for a target other than 'zoo'")
+    if exclude_list:
+        exclude = [ln.strip() for ln in open(exclude_list) if ln.strip()]
+    try:
+        layer_ids = [int(x) for x in taps.split(",")] if taps else None
+    except ValueError:
+        raise InvalidValueError(f"--taps {taps!r} is invalid: use comma-separated integers, e.g. 2,6") from None
+    if opts["device"].startswith("cuda") and not torch.cuda.is_available():
+        raise InvalidValueError(f"--device {opts['device']}: CUDA is not available here (use cpu)")
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    if opts["num_heads"] % opts["num_kv_heads"]:
+        raise InvalidValueError(f"--heads {opts['num_heads']} is not a multiple of --kv-heads {opts['num_kv_heads']}")
+    args = TrainArgs(out=out, data=list(data), exclude=exclude, target_layer_ids=layer_ids, **opts)
+    result = train(model, tokenizer, args)
+    click.echo(json.dumps(result) if as_json else
+               f"saved {out} after {result['step']} steps (teacher-forced accepted length "
+               f"{result.get('accepted_len_tf', float('nan')):.2f})")

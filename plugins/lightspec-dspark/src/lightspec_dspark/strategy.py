@@ -1,0 +1,230 @@
+"""The ``dspark`` and ``dflash`` drafting strategies: one block of up to ``block_size`` tokens per
+step from one non-causal forward of the drafter.
+
+Per step and row: the target states of the newly committed tokens (``ctx.hidden_states`` of the
+tapped layers) become context keys/values of every draft layer (kept per request: a committed
+token's context entry never changes, so nothing is rolled back); the block
+``[last token, mask x (gamma - 1)]`` at positions ``len(seq) - 1 ...`` attends to that context
+and to itself; then, slot by slot, the Markov bias of the previous drafted token is added, the
+token is chosen (argmax, or drawn from the warped distribution with the row's generator) and the
+confidence ``sigmoid(proj([h_k; W1[x_{k-1}]]))`` is read.  The proposal's ``confidence`` is the
+*survival* (running product of the per-slot confidences): the probability the drafter gives to
+the whole prefix up to that slot being accepted.  Without a confidence head the per-slot
+confidence is the draft's peak probability.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from lightspec_core import DraftProposal, InvalidValueError, SparseProbs, exponential_noise, hookimpl, warped_probs
+
+from .checkpoint import load_drafter
+from .config import CheckpointError, read_config
+
+ZOO_HEAD = "dspark"
+
+
+def zoo_head_for(target) -> Path | None:
+    """The zoo's DSpark head when ``target`` is the zoo target (same folder), else None."""
+    try:
+        import lightspec_zoo
+    except ImportError:
+        return None
+    head = lightspec_zoo.MODELS_DIR / ZOO_HEAD
+    name = str(getattr(target.config, "_name_or_path", "") or getattr(target, "name_or_path", "") or "")
+    try:
+        zoo_target = lightspec_zoo.model_path()
+    except Exception:  # the zoo's weights are not installed
+        return None
+    if name and Path(name).resolve() == zoo_target.resolve() and (head / "config.json").is_file():
+        return head
+    return None
+
+
+class _RowContext:
+    """One request's context keys/values per draft layer: ``[nkv, T, hd]`` with spare capacity."""
+
+    def __init__(self, layers: int):
+        self.k: list[torch.Tensor | None] = [None] * layers
+        self.v: list[torch.Tensor | None] = [None] * layers
+        self.length = 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        n = k.shape[1]
+        old = self.k[layer]
+        if old is None or old.shape[1] < self.length + n:
+            cap = max(64, 2 * (self.length + n))
+            grow = lambda t, like: torch.cat([t[:, : self.length], like.new_zeros(like.shape[0], cap - self.length, like.shape[2])], 1) \
+                if t is not None else like.new_zeros(like.shape[0], cap, like.shape[2])  # noqa: E731
+            self.k[layer], self.v[layer] = grow(old, k), grow(self.v[layer], v)
+        self.k[layer][:, self.length : self.length + n] = k
+        self.v[layer][:, self.length : self.length + n] = v
+
+
+class DSparkStrategy:
+    """Block drafting with a DSpark (or DFlash) checkpoint; see the module docstring."""
+
+    name = "dspark"
+    confidence_is_survival = True  # read by the ``adaptive`` wrapper
+
+    def __init__(self, checkpoint: str | None = None, max_draft: int | None = None, require: str | None = None):
+        if max_draft is not None and (isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 1):
+            raise InvalidValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1 (default: the block size)")
+        self.checkpoint = checkpoint
+        self.max_draft = max_draft
+        self.require = require  # "dflash": refuse checkpoints with a Markov head
+        self.drafter = None
+        self.rows: dict[int, _RowContext] = {}
+        self.cost_hint = 0.1
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def setup(self, env) -> None:
+        """Load the checkpoint: ``checkpoint=PATH``, else ``--draft-model PATH`` when it is a DSpark
+        folder, else the zoo's head when the target is the zoo target."""
+        path = self.checkpoint
+        if path is None and isinstance(env.draft_model, (str, Path)) and (Path(env.draft_model) / "config.json").is_file():
+            path = env.draft_model
+        if path is None:
+            path = zoo_head_for(env.target)
+        if path is None:
+            raise InvalidValueError(f"strategy {self.name!r} needs a DSpark/DFlash checkpoint: pass checkpoint=PATH "
+                                    "(or --draft-model PATH); only the zoo target has a default head")
+        cfg, _ = read_config(path)
+        if self.require == "dflash" and cfg.kind != "dflash":
+            raise CheckpointError(f"{path}: markov_rank={cfg.markov_rank} is a DSpark checkpoint; use strategy 'dspark' "
+                                  "(strategy 'dflash' takes checkpoints without a Markov head)")
+        dtype = next(env.target.parameters()).dtype
+        self.drafter = load_drafter(path, env.target, dtype=dtype, device=env.device)
+        self.path = str(path)
+        cfg = self.drafter.cfg
+        self.block = min(cfg.block_size, self.max_draft or cfg.block_size)
+        self.hidden_layers = [i + 1 for i in cfg.target_layer_ids]
+        # one block forward drafts up to `block` tokens: per token, the share of the target's
+        # parameters that forward reads, divided by the block
+        own = sum(p.numel() for p in self.drafter.parameters()) + self.drafter.lm_head.weight.numel()
+        self.cost_hint = own / max(1, sum(p.numel() for p in env.target.parameters())) / self.block
+
+    def reset(self) -> None:
+        self.rows = {}
+
+    def draft_cost_hints(self) -> dict[str, float]:
+        """Per draft token: the share of the target's parameters a block forward reads, over the block (timing-free)."""
+        return {self.name: self.cost_hint}
+
+    # -- drafting -------------------------------------------------------------------------
+
+    def _ingest(self, ctx) -> None:
+        """Append the newly committed tokens' context keys/values to each row's store."""
+        lengths = [int(n) for n in ctx.hidden_lengths]
+        rows = [self.rows.setdefault(rid, _RowContext(len(self.drafter.layers))) for rid in ctx.row_ids]
+        for b, row in enumerate(rows):
+            if int(ctx.hidden_positions[b]) != row.length:
+                raise RuntimeError(f"request {ctx.row_ids[b]}: hidden states start at {int(ctx.hidden_positions[b])}, "
+                                   f"the drafter holds {row.length}")
+        if max(lengths, default=0) == 0:
+            return
+        taps = torch.cat([ctx.hidden_states[i] for i in self.hidden_layers], dim=-1)
+        n = taps.shape[1]
+        positions = ctx.hidden_positions.to(taps.device).long()[:, None] + torch.arange(n, device=taps.device)
+        kv = self.drafter.context_kv(self.drafter.features(taps), positions)
+        for b, row in enumerate(rows):
+            if lengths[b]:
+                for layer, (k, v) in enumerate(kv):
+                    row.append(layer, k[b, :, : lengths[b]], v[b, :, : lengths[b]])
+                row.length += lengths[b]
+
+    def _context(self, ctx, dtype, device):
+        """Per layer ``(k, v)`` ``[B, nkv, T, hd]`` padded to the longest row, and ``valid [B, T]``."""
+        rows = [self.rows[rid] for rid in ctx.row_ids]
+        T = max(r.length for r in rows)
+        a = self.drafter.layers[0].self_attn
+        B = len(rows)
+        out = []
+        for layer in range(len(self.drafter.layers)):
+            k = torch.zeros(B, a.nkv, T, a.hd, dtype=dtype, device=device)
+            v = torch.zeros_like(k)
+            for b, r in enumerate(rows):
+                if r.length:
+                    k[b, :, : r.length] = r.k[layer][:, : r.length]
+                    v[b, :, : r.length] = r.v[layer][:, : r.length]
+            out.append((k, v))
+        valid = torch.arange(T, device=device)[None, :] < torch.tensor([r.length for r in rows], device=device)[:, None]
+        return out, valid
+
+    @torch.inference_mode()
+    @hookimpl
+    def lightspec_propose(self, ctx):
+        limits = [min(self.block, m) for m in ctx.max_draft_list]
+        self._ingest(ctx)
+        if max(limits) == 0:
+            return None
+        t0 = time.perf_counter()
+        d, cfg = self.drafter, self.drafter.cfg
+        B, dev, gamma = ctx.batch, ctx.device, max(limits)
+        dtype = d.fc.weight.dtype
+        ctx_kv, valid = self._context(ctx, dtype, dev)
+        last = torch.tensor([s[-1] for s in ctx.sequences], device=dev)
+        ids = torch.full((B, gamma), cfg.mask_token_id, dtype=torch.long, device=dev)
+        ids[:, 0] = last
+        start = torch.tensor([len(s) - 1 for s in ctx.sequences], device=dev)
+        positions = start[:, None] + torch.arange(gamma, device=dev)
+        mask = torch.cat([valid[:, None, :].expand(B, gamma, -1), valid.new_ones(B, gamma, gamma)], dim=-1)[:, None]
+        h = d.backbone(ids, positions, ctx_kv, mask)  # [B, gamma, H]
+        base = d.base_logits(h)
+        tokens = torch.zeros(B, gamma, dtype=torch.long, device=dev)
+        conf = torch.ones(B, gamma, device=dev)
+        ent = torch.zeros(B, gamma, device=dev)
+        greedy = ctx.sampling.greedy
+        probs = None if greedy else torch.zeros(B, gamma, base.shape[-1], device=dev)
+        prev, state = last, None
+        for k in range(gamma):
+            logits = base[:, k].float()
+            if d.markov_head is not None:
+                bias, state = d.markov_head.step(prev, h[:, k], state)
+                logits = logits + bias.float()
+            c = d.confidence_logit(h[:, k], prev)
+            # the full softmax (entropy, peak) only where something reads it: sampling, or no confidence head
+            p = logits.softmax(-1) if (c is None or not greedy) else None
+            if p is not None:
+                ent[:, k] = torch.special.entr(p).sum(-1)
+            if greedy:
+                tok = logits.argmax(-1)
+            else:
+                q = warped_probs(logits, ctx.sampling)
+                tok = (q / exponential_noise(ctx.generators, q.shape[-1], dev)).argmax(-1)
+                probs[:, k] = q
+            conf[:, k] = torch.sigmoid(c.float()) if c is not None else p.gather(1, tok[:, None])[:, 0]
+            prev = d.to_target_ids(tok)
+            tokens[:, k] = prev
+        survival = conf.cumprod(-1)
+        lengths = torch.tensor(limits, device=dev)
+        # like every confidence-aware drafter: a row stops after a slot whose own confidence is below the budget's floor
+        low = (conf < ctx.min_confidence.to(dev)[:, None]).float()
+        stop = torch.where(low.any(-1), low.argmax(-1) + 1, torch.full_like(lengths, gamma))
+        lengths = torch.minimum(lengths, stop)
+        k = int(lengths.max())
+        ctx.timer.record(self.name, time.perf_counter() - t0, k)
+        if k == 0:
+            return None
+        if probs is not None and d.d2t is not None:
+            ids_t = d.to_target_ids(torch.arange(base.shape[-1], device=dev)).expand(B, k, -1)
+            probs = SparseProbs(ids=ids_t, probs=probs[:, :k])
+        elif probs is not None:
+            probs = probs[:, :k]
+        entropy = ent[:, :k] if (not greedy or d.confidence_head is None) else None
+        return DraftProposal(tokens=tokens[:, :k], lengths=lengths, probs=probs, confidence=survival[:, :k],
+                             entropy=entropy, source=self.name)
+
+
+class DFlashStrategy(DSparkStrategy):
+    """Block drafting with a DFlash checkpoint (no Markov or confidence head)."""
+
+    name = "dflash"
+
+    def __init__(self, checkpoint: str | None = None, max_draft: int | None = None):
+        super().__init__(checkpoint=checkpoint, max_draft=max_draft, require="dflash")
