@@ -385,4 +385,5 @@ class Eagle3Drafter:
         the target's features, by the next ``catch_up``).  ``path`` is accepted and unused."""
         self.tree = None
         if self.kv is not None:
-            self.kv.truncate(list(self.fed))
+            with torch.inference_mode():  # the cache's tensors were made in inference mode
+                self.kv.truncate(list(self.fed))
