@@ -51,7 +51,7 @@ def random_head(target, layout: str = "eagle", seed: int = 1, scale: float = 0.3
     head = Eagle3Head(cfg, own_embed=own_embed, own_lm_head=True, embed=target.get_input_embeddings().weight)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, p in head.named_parameters():
+        for p in head.parameters():
             if p.dim() == 1:
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
             else:

@@ -88,8 +88,9 @@ def test_greedy_identical_to_hf(trained, batch):
 
 def ttt_logits_free_forward(head, taps, ids):
     """The head over committed pairs from scratch (one causal forward, no cache reuse)."""
-    from lightspec_core import KVCache
     from lightspec_eagle3.drafter import _CacheModel
+
+    from lightspec_core import KVCache
 
     runner = _CacheModel(head)
     kv = KVCache(runner, ids.shape[0], torch.device("cpu"), capacity=ids.shape[1] + 4)
@@ -107,8 +108,9 @@ def test_training_time_test_unrolls_what_drafting_computes(tmp_path):
         hs = target(input_ids=ids, output_hidden_states=True).hidden_states
         taps = torch.cat([hs[i] for i in head.cfg.taps(6)], -1)
         unrolled = ttt_logits(head, head.fuse(taps), ids, 3)
-        from lightspec_core import KVCache
         from lightspec_eagle3.drafter import _CacheModel
+
+        from lightspec_core import KVCache
 
         for t in (0, 4, 7):
             runner = _CacheModel(head)

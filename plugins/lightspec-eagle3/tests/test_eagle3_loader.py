@@ -36,8 +36,9 @@ def test_layout_loads_and_matches_reference(tmp_path, target, layout):
     assert taps_idx == ([1, 3, 5] if layout in ("aux_ids", "speculators") else [2, 3, 3])
     taps = torch.cat([hs[i][0] for i in taps_idx], -1)[:-1]  # pair t: feature of token t, token t + 1
     ref_h, ref_logits = reference_forward(folder, target, taps, ids[1:])
-    from lightspec_core import KVCache
     from lightspec_eagle3.drafter import _CacheModel
+
+    from lightspec_core import KVCache
 
     runner = _CacheModel(head)
     kv = KVCache(runner, 1, torch.device("cpu"), capacity=32)

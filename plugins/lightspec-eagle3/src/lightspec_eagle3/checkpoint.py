@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import torch
+
 from lightspec_core import ConfigError, num_layers
 
 from .config import HeadConfig, eagle_config_dict, read_config

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+
 from lightspec_core import InvalidValueError
 
 TEXT_SUFFIXES = (".py", ".txt", ".md", ".rst")

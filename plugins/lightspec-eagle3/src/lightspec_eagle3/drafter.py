@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
 from lightspec_core import (
     DraftProposal,
     KVCache,

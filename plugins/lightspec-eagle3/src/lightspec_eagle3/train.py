@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from lightspec_core import InvalidValueError, LightSpecError
 
 from .checkpoint import save_head
