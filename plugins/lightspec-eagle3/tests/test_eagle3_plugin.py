@@ -69,3 +69,29 @@ def test_without_a_head_setup_says_how_to_get_one(tmp_path):
         MTPPipeline(tiny_target(), Tok(), strategy="eagle3")
     with pytest.raises(LightSpecError, match="no such folder"):
         MTPPipeline(tiny_target(), Tok(), strategy="eagle3", head=str(tmp_path / "missing"))
+
+
+def test_auto_takes_draft_model_only_when_it_is_a_head(tmp_path):
+    import pytest
+    from e3_fixtures import random_head, tiny_target, write_layout
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from lightspec_core import MTPPipeline
+
+    class Tok:
+        eos_token_id, pad_token_id = 2, 0
+
+        def __len__(self):
+            return 96
+
+    target = tiny_target()
+    one_layer = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4))
+    one_layer.save_pretrained(tmp_path / "plain")
+    with pytest.raises(LightSpecError, match="needs an EAGLE-3 head"):
+        MTPPipeline(target, Tok(), strategy="eagle3", draft_model=str(tmp_path / "plain"))
+    write_layout(tmp_path / "head", random_head(target), "eagle")
+    from models import ToyTokenizer
+
+    pipe = MTPPipeline(target, ToyTokenizer(96), strategy="eagle3", draft_model=str(tmp_path / "head"))
+    assert len(pipe.generate([[5, 6, 7]], max_new_tokens=3, ignore_eos=True)[0].token_ids) == 3

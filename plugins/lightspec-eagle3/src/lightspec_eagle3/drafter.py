@@ -74,10 +74,15 @@ class _Out:
 
 
 def _is_head(path) -> bool:
+    """Whether ``path`` is an EAGLE-3 head folder (a one-layer Llama config alone is not enough:
+    its weights must hold ``fc``)."""
     try:
         read_config(Path(path))
-        return True
-    except (LightSpecError, OSError, TypeError):
+        from safetensors import safe_open
+
+        with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
+            return any(k.endswith("fc.weight") for k in f.keys())
+    except Exception:  # noqa: BLE001 - an unreadable folder is simply not a head
         return False
 
 
