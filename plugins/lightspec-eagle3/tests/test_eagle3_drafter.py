@@ -254,3 +254,20 @@ def test_sampling_keeps_the_target_distribution(trained):
     other = [tuple(o.token_ids) for o in plain.generate([PROMPTS[0]] * n, seed=list(range(20_000, 20_000 + n)),
                                                          **{**kw, "temperature": 1.6})]
     assert _chi2([s[1:3] for s in base], [s[1:3] for s in other]) < 1e-3
+
+
+def test_a_gap_in_the_hidden_states_restarts_the_row(trained):
+    """The engine keeps at most ~1k pending states per row; when earlier ones are gone the
+    row's cache starts again from the first state it has (relative positions: RoPE does
+    not care), instead of failing every step."""
+    target, d = _drafter(trained)
+    seq = list(PROMPTS[6]) + [20, 21, 22, 23, 24]
+    ctx = _Ctx(target, [seq[:9]], d.hidden_layers)
+    d.catch_up(ctx)
+    later = _Ctx(target, [seq], d.hidden_layers)  # states of positions 0..12; hand over only 11..12
+    later.hidden_states = {i: h[:, 11:13] for i, h in later.hidden_states.items()}
+    later.hidden_positions, later.hidden_lengths = torch.tensor([11]), torch.tensor([2])
+    got = d.catch_up(later).clone()
+    assert d.kv.lengths == [2]
+    _, fresh = _drafter(trained)
+    torch.testing.assert_close(fresh.catch_up(later), got)

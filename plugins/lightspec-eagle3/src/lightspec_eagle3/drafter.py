@@ -160,8 +160,10 @@ class Eagle3Drafter:
         self.kv: KVCache | None = None
         self.rows: list[int] = []
         self.fed: list[int] = []  # per row: pairs in the head's cache (pair t: feature t, token t + 1)
-        self.store: dict[int, torch.Tensor] = {}  # request -> fused features [cap, H] by position
-        self.have: dict[int, int] = {}  # request -> positions stored
+        self.store: dict[int, torch.Tensor] = {}  # request -> fused features [cap, H], from position base
+        self.base: dict[int, int] = {}  # request -> first position stored (pairs before it are never fed)
+        self.have: dict[int, int] = {}  # request -> positions stored end here
+        self.restart: set[int] = set()  # requests whose states had a gap: their cache starts again
         self.last_h: torch.Tensor | None = None  # [B, H] output of each row's last committed pair
         self.tree = None
 
@@ -183,16 +185,19 @@ class Eagle3Drafter:
             have = self.have.get(rid, 0)
             if n == 0 or first + n <= have:
                 continue
-            if first > have:
-                raise LightSpecError(f"eagle3: hidden states of request {rid} skip positions {have}..{first - 1}")
+            if first > have:  # a gap (the engine keeps at most ~1k states per row): start again from here
+                self.store.pop(rid, None)
+                self.base[rid] = have = first
+                self.restart.add(rid)
+            base = self.base.setdefault(rid, 0)
             buf = self.store.get(rid)
             end = first + n
-            if buf is None or buf.shape[0] < end:
-                grown = g.new_zeros(max(end, 2 * (0 if buf is None else buf.shape[0]), 64), g.shape[-1])
+            if buf is None or buf.shape[0] < end - base:
+                grown = g.new_zeros(max(end - base, 2 * (0 if buf is None else buf.shape[0]), 64), g.shape[-1])
                 if buf is not None:
-                    grown[: have] = buf[: have]
+                    grown[: have - base] = buf[: have - base]
                 buf = self.store[rid] = grown
-            buf[have:end] = g[b, have - first: n]
+            buf[have - base: end - base] = g[b, have - first: n]
             self.have[rid] = end
 
     def _sync_rows(self, ctx) -> None:
@@ -218,9 +223,14 @@ class Eagle3Drafter:
         and return each row's last committed pair's output ``[B, H]`` (the root of a draft)."""
         self._take_features(ctx)
         self._sync_rows(ctx)
+        for b, rid in enumerate(ctx.row_ids):
+            if rid in self.restart:
+                self.fed[b] = 0
+                self.restart.discard(rid)
         self.kv.truncate(list(self.fed))
         seqs = ctx.sequences
-        new = [(self.fed[b], len(seqs[b]) - 1) for b in range(ctx.batch)]
+        # absolute positions t of the pairs to feed: [base + fed, len - 1)
+        new = [(self.base.get(r, 0) + self.fed[b], len(seqs[b]) - 1) for b, r in enumerate(ctx.row_ids)]
         width = max(e - s for s, e in new)
         H = self.head.cfg.hidden_size
         if width > 0:
@@ -234,7 +244,8 @@ class Eagle3Drafter:
                 if self.have.get(rid, 0) < e:
                     raise LightSpecError(f"eagle3: no hidden states for request {rid} up to position {e - 1}")
                 ids[b, : e - s] = torch.tensor(seqs[b][s + 1: e + 1], device=ctx.device)
-                feats[b, : e - s] = self.store[rid][s:e]
+                base = self.base.get(rid, 0)
+                feats[b, : e - s] = self.store[rid][s - base: e - base]
                 valid[b, : e - s] = True
             self.runner.features = feats
             out = self.kv.forward(ids, None if bool(valid.all()) else valid)
@@ -244,7 +255,7 @@ class Eagle3Drafter:
                 moved = torch.tensor([e > s for s, e in new], device=ctx.device)
                 h = torch.where(moved[:, None], h, self.last_h)
             self.last_h = h
-            self.fed = [e for _, e in new]
+            self.fed = [f + max(0, e - s) for f, (s, e) in zip(self.fed, new)]
         return self.last_h
 
     # -- distributions ------------------------------------------------------------------------------
