@@ -152,6 +152,16 @@ class Combination:
         for c in self.components:
             if hasattr(c, "setup"):
                 c.setup(env)
+        # a component may learn its hidden layers in setup (an EAGLE head reads its taps there)
+        self.hidden_layers = sorted({i for c in self.components for i in getattr(c, "hidden_layers", [])})
+
+    def _skipped(self, ctx: StepContext, comp) -> None:
+        """A component left without budget this step drafts nothing, but one that reads hidden
+        states is still called with a zero budget: those states are handed over only once."""
+        if getattr(comp, "hidden_layers", None):
+            zero = [0] * ctx.batch
+            comp.lightspec_propose(ctx=ctx.with_budget(torch.zeros(ctx.batch, dtype=torch.long, device=ctx.device), zero))
+        return None
 
     def draft_cost_hints(self) -> dict[str, float]:
         """The components' structural draft-cost estimates (see ``ModelDrafter.draft_cost_hints``)."""
@@ -181,12 +191,12 @@ class Combination:
         last = len(self.components) - 1
         for i, comp in enumerate(self.components):
             if max(left) <= 0:
-                proposals.append(None)
+                proposals.append(self._skipped(ctx, comp))
                 continue
             cap = ctx.budget_by_source.get(getattr(comp, "name", ""))
             mine = left if cap is None else [min(x, c) for x, c in zip(left, cap)]
             if max(mine) <= 0:
-                proposals.append(None)
+                proposals.append(self._skipped(ctx, comp))
                 continue
             sub = ctx.with_budget(torch.tensor(mine, device=ctx.device), mine)
             p = comp.lightspec_propose(ctx=sub)
@@ -223,7 +233,7 @@ class Combination:
         prefix_len = torch.zeros(ctx.batch, dtype=torch.long, device=ctx.device)
         for comp in self.components:
             if max(budget) <= 0:
-                proposals.append(None)
+                proposals.append(self._skipped(ctx, comp))
                 continue
             sub = ctx.with_budget(torch.tensor(budget, device=ctx.device), list(budget))
             sub.prefix, sub.prefix_lengths = prefix, prefix_len if prefix is not None else None

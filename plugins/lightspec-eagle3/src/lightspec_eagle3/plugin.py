@@ -1,18 +1,34 @@
-"""The ``eagle3`` entry point of the ``lightspec.plugins`` namespace.
-
-This package is a scaffold: it is installable and LightSpec discovers and loads it, but
-it registers no strategy yet.  Its own issue will add an EAGLE-3 style drafter: a light autoregressive draft head that reads the target's hidden states from several layers (low, middle, high) and drafts tokens step by step.
-Until then ``lightspec plugins`` lists it with the hook below and no strategies.
-"""
+"""The ``eagle3`` entry point of the ``lightspec.plugins`` namespace: the strategy ``eagle3``
+(an EAGLE-3 head drafting a chain, with the tree-expansion calls lightspec-tree uses) and
+the command ``lightspec eagle3 train``.  Nothing heavy is imported until a strategy is built
+or a command runs."""
 
 from __future__ import annotations
 
 from lightspec_core import hookimpl
 
+PARAMS = {
+    "head": "EAGLE-3 head folder (public format); 'auto' (default): --draft-model when it is an EAGLE-3 head, "
+            "else the zoo's head for the zoo target",
+    "max_draft": "most tokens per draft (8)",
+    "top_k_probs": "sampling: report the draft distribution as its top-k (0, default: the whole draft vocabulary)",
+}
+
+
+def _eagle3(**options):
+    from .drafter import Eagle3Drafter
+
+    return Eagle3Drafter(**options)
+
 
 @hookimpl
 def lightspec_register_strategies(register):
-    """Register this plugin's components with ``register(name, factory, ...)``.
+    register("eagle3", _eagle3, description="EAGLE-3 head over the target's hidden states: a chain with its own KV cache",
+             params=PARAMS)
 
-    Nothing is registered yet (scaffold): the package's own issue adds its strategies.
-    """
+
+@hookimpl
+def lightspec_register_commands(cli):
+    from .cli import eagle3
+
+    cli.add_command(eagle3)
