@@ -34,18 +34,20 @@ def mtplayer():
 @click.option("--seq-len", type=int, default=256, show_default=True)
 @click.option("--batch", type=int, default=8, show_default=True)
 @click.option("--lr", type=float, default=1e-3, show_default=True)
+@click.option("--warmup", type=int, default=20, show_default=True, help="Warm-up steps (then cosine decay to 10%).")
 @click.option("--max-steps", type=int, default=1000, show_default=True)
 @click.option("--time-budget-s", type=float, default=0.0, show_default=True,
               help="Stop (and save) after this many seconds of this run (0: no limit).")
 @click.option("--save-every", type=int, default=100, show_default=True, help="Checkpoint every N steps.")
+@click.option("--log-every", type=int, default=10, show_default=True, help="Record loss and agreement every N steps.")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads.")
 @click.option("--save-dtype", type=click.Choice(["float16", "bfloat16", "float32"]), default="float16", show_default=True)
 @click.option("--resume", is_flag=True, help="Continue from OUT/checkpoint.pt.")
 @click.option("--json", "as_json", is_flag=True, help="Print the training summary as JSON.")
-def train_cmd(target, kind, out, data, heads, head_layers, mtp_layers, own_head, unroll, seq_len, batch, lr, max_steps,
-              time_budget_s, save_every, seed, device, threads, save_dtype, resume, as_json):
+def train_cmd(target, kind, out, data, heads, head_layers, mtp_layers, own_head, unroll, seq_len, batch, lr, warmup,
+              max_steps, time_budget_s, save_every, log_every, seed, device, threads, save_dtype, resume, as_json):
     """Train MTP modules or Medusa heads for TARGET from its own hidden states (distillation)."""
     import torch
 
@@ -67,7 +69,8 @@ def train_cmd(target, kind, out, data, heads, head_layers, mtp_layers, own_head,
         target = str(lightspec_zoo.model_path())
     cfg = TrainConfig(target=target, out=out, data=list(data), kind=kind, heads=heads, head_layers=head_layers,
                       mtp_layers=mtp_layers, own_head=own_head, unroll=unroll, seq_len=seq_len, batch=batch, lr=lr,
-                      max_steps=max_steps, time_budget_s=time_budget_s, save_every=save_every, seed=seed,
+                      warmup=warmup, max_steps=max_steps, time_budget_s=time_budget_s, save_every=save_every,
+                      log_every=log_every, seed=seed,
                       device=device, save_dtype=save_dtype)
     log = train(cfg, resume=resume)
     last = log["train"][-1] if log["train"] else {}

@@ -67,7 +67,7 @@ class TrainConfig:
         if self.kind not in ("mtp", "medusa"):
             raise LightSpecError(f"kind={self.kind!r} is invalid: use 'mtp' or 'medusa'")
         for name in ("heads", "head_layers", "mtp_layers", "unroll", "seq_len", "batch", "max_steps", "save_every",
-                     "log_every"):
+                     "log_every", "warmup"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 1):
                 raise LightSpecError(f"{name}={value!r} is invalid: use an integer >= 1")
@@ -254,9 +254,6 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
                dynamic_ncols=True)
     stop_reason = "max_steps"
     while step < cfg.max_steps:
-        if cfg.time_budget_s and time.perf_counter() - start >= cfg.time_budget_s:
-            stop_reason = "time_budget"
-            break
         ids = batch_at(tokens, step, cfg).to(device)
         with torch.no_grad():
             res = target(input_ids=ids, output_hidden_states=True)
@@ -276,12 +273,16 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         log["elapsed_s"] = elapsed0 + time.perf_counter() - start
         if step % cfg.log_every == 0 or step == 1:
             log["train"].append({"step": step, "tokens": log["tokens"], "elapsed_s": round(log["elapsed_s"], 1),
-                                 "lr": _lr(cfg, step - 1), "loss": round(float(loss), 4),
+                                 "lr": _lr(cfg, step - 1), "loss": round(float(loss.detach()), 4),
                                  "agreement": [round(a, 4) for a in agree]})
         bar.update(1)
-        bar.set_postfix(loss=f"{float(loss):.3f}", agree="/".join(f"{a:.2f}" for a in agree))
+        bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree="/".join(f"{a:.2f}" for a in agree))
         if step % cfg.save_every == 0:
             _checkpoint(ckpt_path, head, opt, step, log, cfg)
+        # checked after a step, so that every run (and every resumed run) makes progress
+        if cfg.time_budget_s and step < cfg.max_steps and time.perf_counter() - start >= cfg.time_budget_s:
+            stop_reason = "time_budget"
+            break
     bar.close()
     log["stopped"] = stop_reason
     log["steps"] = step
