@@ -131,7 +131,7 @@ class _States:
                 self.rows[rid], self.base[rid], mine, base = [], first, [], first
                 restarted = True
             del mine[first - base :]
-            mine.extend(h[b, j] for j in range(n))
+            mine.extend(h[b, :n].clone().unbind(0))  # copies: the engine may reuse its buffers
         return restarted
 
     def last(self, rid: int) -> torch.Tensor:
