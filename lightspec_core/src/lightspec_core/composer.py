@@ -152,6 +152,8 @@ class Combination:
         for c in self.components:
             if hasattr(c, "setup"):
                 c.setup(env)
+        # a component may pick its layers in setup (they depend on the target)
+        self.hidden_layers = sorted({i for c in self.components for i in getattr(c, "hidden_layers", [])})
 
     def draft_cost_hints(self) -> dict[str, float]:
         """The components' structural draft-cost estimates (see ``ModelDrafter.draft_cost_hints``)."""

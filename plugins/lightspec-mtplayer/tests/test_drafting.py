@@ -21,7 +21,7 @@ from fixtures import VOCAB, hf_greedy, medusa_tensors, save_medusa_legacy, save_
 from lightspec_mtplayer.strategy import MTPStrategy
 from transformers import AutoModelForCausalLM
 
-from lightspec_core import LightSpecError, MTPPipeline, hookimpl
+from lightspec_core import DraftProposal, LightSpecError, MTPPipeline, hookimpl
 
 PROMPTS = [[5, 9, 13, 5, 9], [7, 8], [20, 21, 22, 23, 24, 25, 26], [40], [11, 12, 11, 12, 11, 12], [60, 3, 61],
            [30, 31, 30, 31, 30, 31, 30], [50, 52, 54, 56]]
@@ -65,7 +65,9 @@ class Recording(MTPStrategy):
     def lightspec_propose(self, ctx):
         proposal = self.impl.propose(ctx, self.layer)
         if proposal is not None:
-            self.seen.append(([list(s) for s in ctx.sequences], proposal.node_rows()))
+            pre = [[] for _ in ctx.sequences] if ctx.prefix is None else [
+                ctx.prefix[b, : int(ctx.prefix_lengths[b])].tolist() for b in range(ctx.batch)]
+            self.seen.append(([list(s) for s in ctx.sequences], proposal.node_rows(), pre))
         return proposal
 
 
@@ -103,21 +105,24 @@ def _check_mtp_reference(target, strategy):
     n = len(layers)
     L = target.config.num_hidden_layers
     checked = 0
-    for seqs, drafts in strategy.seen[:6]:
-        for seq, draft in zip(seqs, drafts):
+    for seqs, drafts, prefixes in strategy.seen[:6]:
+        for seq, draft, pre in zip(seqs, drafts, prefixes):
             if not draft:
                 continue
             with torch.no_grad():
                 h = target(input_ids=torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states[L][0]
                 toks, states, ref = list(seq[1:]), [s for s in h], []
-                for j in range(len(draft)):
+                for j in range(len(pre) + len(draft)):
                     q = len(toks)
                     mask = torch.ones(q, q, dtype=torch.bool).tril()[None, None]
                     pos = torch.arange(q)[None]
                     outs = [m(torch.tensor([toks]), torch.stack(states)[None], pos, mask) for m in layers]
                     o = outs[j % n][0, -1]
                     d = int(layers[j % n].head(o).argmax())
-                    ref.append(d)
+                    if j < len(pre):  # a cascade's prefix token goes through the chain
+                        d = pre[j]
+                    else:
+                        ref.append(d)
                     toks.append(d)
                     states.append(o)
             assert draft == ref, (seq, draft, ref)
@@ -133,7 +138,7 @@ def test_medusa_greedy_identical_to_hf(medusa_llama, batch):
     _check_greedy(target, strategy, batch)
     assert strategy.kind == "medusa"
     medusa = strategy.impl.heads
-    for seqs, drafts in strategy.seen[:5]:
+    for seqs, drafts, _ in strategy.seen[:5]:
         with torch.no_grad():
             for seq, draft in zip(seqs, drafts):
                 h = target(input_ids=torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states[2][0, -1]
@@ -263,3 +268,55 @@ def test_sampling_matches_plain_sampling(mtp_llama, medusa_llama, kind):
                                                       seed=list(range(20_000, 20_000 + N_ROWS)), ignore_eos=True,
                                                       **{**SAMPLING, "temperature": 1.6})]
     assert _chi2_pvalue([s[1:3] for s in base], [s[1:3] for s in hot]) < 1e-3
+
+
+class _OneToken:
+    """Drafts one token per row: the target's greedy next token on even steps, a wrong one on odd."""
+
+    name = "one_token"
+
+    def __init__(self, target):
+        self.target = target
+
+    @hookimpl
+    def lightspec_propose(self, ctx):
+        toks = []
+        with torch.no_grad():
+            for seq in ctx.sequences:
+                t = int(self.target(input_ids=torch.tensor([list(seq)])).logits[0, -1].argmax())
+                toks.append(t if ctx.step % 2 == 0 else (t + 1) % VOCAB)
+        return DraftProposal(tokens=torch.tensor(toks)[:, None], lengths=torch.ones(ctx.batch, dtype=torch.long),
+                             source=self.name)
+
+
+@pytest.mark.parametrize("which", ["mtp_llama", "medusa"])
+def test_cascade_continues_after_the_prefix(request, which, medusa_llama, mtp_llama):
+    """In a cascade the heads continue an earlier drafter's tokens: MTP modules run their chain
+    through the prefix tokens, Medusa rows start at head m for an m-token prefix."""
+    from lightspec_core.composer import Combination
+
+    folder, heads = (mtp_llama, None) if which == "mtp_llama" else medusa_llama
+    target = _load(folder)
+    rec = Recording(max_draft=4, **({"head": str(heads)} if heads else {}))
+    combo = Combination("casc", "cascade", [_OneToken(target), rec], fusion=_concat())
+    pipe = MTPPipeline(target, tiny_tokenizer(), strategy=combo, budget={"type": "static", "k": 4})
+    outs = pipe.generate(PROMPTS[:3], max_new_tokens=12, ignore_eos=True)
+    for p, o in zip(PROMPTS[:3], outs):
+        assert o.token_ids == hf_greedy(target, p, 12)
+    assert rec.seen and combo.hidden_layers == [2]
+    assert all(len(pre) == 1 for _, _, prefixes in rec.seen for pre in prefixes)
+    if heads is None:
+        _check_mtp_reference(target, rec)
+        return
+    for seqs, drafts, _ in rec.seen[:4]:
+        for seq, draft in zip(seqs, drafts):
+            with torch.no_grad():
+                h = target(input_ids=torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states[2][0, -1]
+                ref = rec.impl.heads(h).argmax(-1).tolist()
+            assert draft and draft == ref[1 : 1 + len(draft)]  # after a one-token prefix: heads 1, 2, ...
+
+
+def _concat():
+    from lightspec_core.plugins import get_registry
+
+    return get_registry().create("fusion", "concat")

@@ -81,9 +81,12 @@ def pick(logits: torch.Tensor, ctx) -> tuple[torch.Tensor, torch.Tensor | None, 
 
 
 class _Draft:
-    """Collects one step's drafts row by row, stopping rows at their limit or low confidence."""
+    """Collects one step's drafts row by row, stopping rows at their limit or low confidence.
 
-    def __init__(self, ctx, limits: list[int], sampling: bool, vocab: int):
+    ``offset [B]``: chain steps a row spends on a cascade's prefix (``ctx.prefix``) before its
+    own drafts begin; step j of such a row records nothing while ``j < offset``."""
+
+    def __init__(self, ctx, limits: list[int], sampling: bool, vocab: int, offset: torch.Tensor | None = None):
         B, k = ctx.batch, max(limits)
         dev = ctx.device
         self.tokens = torch.zeros(B, k, dtype=torch.long, device=dev)
@@ -92,16 +95,23 @@ class _Draft:
         self.probs = torch.zeros(B, k, vocab, device=dev) if sampling else None
         self.lengths = torch.zeros(B, dtype=torch.long, device=dev)
         self.limit = torch.tensor(limits, device=dev)
+        self.offset = torch.zeros(B, dtype=torch.long, device=dev) if offset is None else offset
         self.active = self.limit > 0
         self.min_conf = ctx.min_confidence
 
     def add(self, j: int, tok, q, peak, ent) -> bool:
-        """Record draft j of every still-active row; False when no row goes on."""
-        self.tokens[:, j], self.conf[:, j], self.ent[:, j] = tok, peak, ent
-        if q is not None:
-            self.probs[:, j] = q
-        self.lengths += self.active.long()
-        self.active = self.active & (self.lengths < self.limit) & (peak >= self.min_conf)
+        """Record chain step j of every row that is past its prefix and still drafting;
+        False when no row goes on."""
+        col = j - self.offset
+        rec = self.active & (col >= 0)
+        rows = rec.nonzero().flatten()
+        if rows.numel():
+            c = col[rows]
+            self.tokens[rows, c], self.conf[rows, c], self.ent[rows, c] = tok[rows], peak[rows], ent[rows]
+            if q is not None:
+                self.probs[rows, c] = q[rows]
+        self.lengths += rec.long()
+        self.active = self.active & ~(rec & ((self.lengths >= self.limit) | (peak < self.min_conf)))
         return bool(self.active.any())
 
     def proposal(self, source: str) -> DraftProposal:
@@ -109,6 +119,14 @@ class _Draft:
         return DraftProposal(tokens=self.tokens[:, :k], lengths=self.lengths,
                              probs=None if self.probs is None else self.probs[:, :k],
                              confidence=self.conf[:, :k], entropy=self.ent[:, :k], source=source)
+
+
+def _prefix(ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """(prefix tokens [B, P], lengths [B]) of a cascade's earlier drafters (P = 0 when none)."""
+    if ctx.prefix is None:
+        return torch.zeros(ctx.batch, 0, dtype=torch.long, device=ctx.device), torch.zeros(
+            ctx.batch, dtype=torch.long, device=ctx.device)
+    return ctx.prefix.to(ctx.device), ctx.prefix_lengths.to(ctx.device)
 
 
 class _States:
@@ -178,13 +196,17 @@ class MTPChain:
         self._catch_up(ctx)
         if max(limits) == 0:
             return None
-        draft = _Draft(ctx, limits, not ctx.sampling.greedy, ctx.vocab_size)
+        pre, pre_len = _prefix(ctx)
+        draft = _Draft(ctx, limits, not ctx.sampling.greedy, ctx.vocab_size, offset=pre_len)
+        steps = int((pre_len + torch.tensor(limits, device=ctx.device)).max())
         out = self.last_out
         logits = self.layers[0].head(out)
         committed = [kv.lengths for kv in self.kvs]
-        for j in range(max(limits)):
+        for j in range(steps):
             tok, q, peak, ent = pick(logits[:, : ctx.vocab_size], ctx)
-            if not draft.add(j, tok, q, peak, ent) or j + 1 == max(limits):
+            if j < pre.shape[1]:  # a cascade's prefix: the chain goes through its tokens first
+                tok = torch.where(j < pre_len, pre[:, j], tok)
+            if not draft.add(j, tok, q, peak, ent) or j + 1 == steps:
                 break
             outs = []
             for model, kv in zip(self.models, self.kvs):  # every module keeps the whole chain
@@ -258,14 +280,19 @@ class MedusaDraft:
 
     @torch.inference_mode()
     def propose(self, ctx, layer: int) -> DraftProposal | None:
-        limits = [min(m, self.max_draft, self.heads.num_heads) for m in ctx.max_draft_list]
+        """Head ``m + j`` drafts token j of a row whose cascade prefix has m tokens."""
+        K = self.heads.num_heads
+        _, pre_len = _prefix(ctx)
+        limits = [max(0, min(m, self.max_draft, K - int(p))) for m, p in zip(ctx.max_draft_list, pre_len.tolist())]
         t0 = time.perf_counter()
-        logits = self.head_logits(ctx, layer, max(limits) or None)
+        logits = self.head_logits(ctx, layer)  # [B, K, V]
         if max(limits) == 0:
             return None
         draft = _Draft(ctx, limits, not ctx.sampling.greedy, ctx.vocab_size)
+        rows = torch.arange(ctx.batch, device=ctx.device)
         for j in range(max(limits)):
-            if not draft.add(j, *pick(logits[:, j], ctx)):
+            head = (pre_len + j).clamp(max=K - 1)
+            if not draft.add(j, *pick(logits[rows, head], ctx)):
                 break
         proposal = draft.proposal(self.name)
         ctx.timer.record(self.name, time.perf_counter() - t0, int(proposal.lengths.max()))
