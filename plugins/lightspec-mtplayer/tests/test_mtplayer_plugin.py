@@ -1,8 +1,12 @@
 """lightspec-mtplayer is installed, discovered through the ``lightspec.plugins`` entry
-point and registered without errors (it provides no strategies yet)."""
+point, registers the strategy ``mtp`` with its parameters and the command
+``lightspec mtplayer train``."""
 
+import json
 from importlib.metadata import entry_points
 
+from click.testing import CliRunner
+from lightspec_core.cli import cli
 from lightspec_core.plugins import get_registry
 
 
@@ -13,7 +17,7 @@ def test_mtplayer_entry_point_declared():
     assert eps[0].dist.metadata["Name"] == "lightspec-mtplayer"
 
 
-def test_mtplayer_plugin_discovered(monkeypatch):
+def test_mtplayer_plugin_registers_its_strategy_and_command(monkeypatch):
     monkeypatch.delenv("LIGHTSPEC_PLUGINS", raising=False)
     monkeypatch.delenv("LIGHTSPEC_STRICT_PLUGINS", raising=False)
     try:
@@ -22,8 +26,13 @@ def test_mtplayer_plugin_discovered(monkeypatch):
         info = registry.plugins["mtplayer"]
         assert info.distribution == "lightspec-mtplayer"
         assert info.version == "0.1.0"
-        assert "lightspec_register_strategies" in info.hooks
-        assert info.components == []  # scaffold: no placeholder strategies
+        assert {"lightspec_register_strategies", "lightspec_register_commands"} <= set(info.hooks)
+        assert info.components == ["strategy:mtp"]
         assert not [f for f in registry.failures if f.name == "mtplayer"]
+        rows = json.loads(CliRunner().invoke(cli, ["strategies", "--json"]).output)
+        [row] = [r for r in rows if r["name"] == "mtp"]
+        assert row["plugin"] == "mtplayer" and set(row["parameters"]) == {"head", "max_draft"}
+        out = CliRunner().invoke(cli, ["mtplayer", "train", "--help"]).output
+        assert "--resume" in out and "--time-budget-s" in out and "--kind [mtp|medusa]" in out
     finally:
         get_registry(reload=True)

@@ -1,8 +1,7 @@
 """The ``mtplayer`` entry point of the ``lightspec.plugins`` namespace.
 
-This package is a scaffold: it is installable and LightSpec discovers and loads it, but
-it registers no strategy yet.  Its own issue will add multi-token-prediction (MTP) layer drafters: extra prediction layers on top of the target that propose the next tokens in parallel.
-Until then ``lightspec plugins`` lists it with the hook below and no strategies.
+Registers the strategy ``mtp`` (MTP modules from the target's own checkpoint, or Medusa
+heads; ``strategy.py``) and the command ``lightspec mtplayer train`` (``cli.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +11,14 @@ from lightspec_core import hookimpl
 
 @hookimpl
 def lightspec_register_strategies(register):
-    """Register this plugin's components with ``register(name, factory, ...)``.
+    from .strategy import PARAMS, MTPStrategy
 
-    Nothing is registered yet (scaffold): the package's own issue adds its strategies.
-    """
+    register("mtp", MTPStrategy, description="Draft with the target's MTP modules (DeepSeek/MiMo/GLM) or Medusa heads",
+             params=PARAMS)
+
+
+@hookimpl
+def lightspec_register_commands(cli):
+    from .cli import mtplayer
+
+    cli.add_command(mtplayer)
