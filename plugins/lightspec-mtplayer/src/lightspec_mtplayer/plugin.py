@@ -8,12 +8,23 @@ from __future__ import annotations
 
 from lightspec_core import hookimpl
 
+# kept here, not in strategy.py, so that loading the plugin (``lightspec --help``) does not import torch
+PARAMS = {
+    "head": "'auto' (the target's own MTP modules, else the zoo's heads for the zoo target) or a folder of "
+            "MTP modules or Medusa heads",
+    "max_draft": "most tokens per draft (4; Medusa: at most its number of heads)",
+}
+
+
+def _mtp(**options):
+    from .strategy import MTPStrategy
+
+    return MTPStrategy(**options)
+
 
 @hookimpl
 def lightspec_register_strategies(register):
-    from .strategy import PARAMS, MTPStrategy
-
-    register("mtp", MTPStrategy, description="Draft with the target's MTP modules (DeepSeek/MiMo/GLM) or Medusa heads",
+    register("mtp", _mtp, description="Draft with the target's MTP modules (DeepSeek/MiMo/GLM) or Medusa heads",
              params=PARAMS)
 
 

@@ -23,12 +23,7 @@ from lightspec_core import LightSpecError, hookimpl, num_layers
 
 from .drafter import MedusaDraft, MTPChain
 from .formats import HeadFitError, load_head, mtp_layer_count, read_config
-
-PARAMS = {
-    "head": "'auto' (the target's own MTP modules, else the zoo's heads for the zoo target) or a folder of "
-            "MTP modules or Medusa heads",
-    "max_draft": "most tokens per draft (4; Medusa: at most its number of heads)",
-}
+from .plugin import PARAMS  # noqa: F401  (re-exported: the strategy's parameters)
 
 
 def target_folder(target) -> Path | None:
