@@ -1,6 +1,7 @@
 """The ``eagle3`` strategy: an EAGLE-3 head drafting a chain from the target's hidden states,
 and the tree-expansion calls (``tree_start`` / ``tree_step`` / ``tree_commit``) that
-lightspec-tree's ``eagle3_tree`` builds dynamic trees with.
+lightspec-tree's ``eagle3_tree`` builds dynamic trees with.  One file (just over 400 lines) because
+the chain and the tree calls share the head's cache bookkeeping.
 
 The head keeps its own ``KVCache``: one entry per *pair* (feature of token t, token t + 1) at
 position t.  Committed pairs read the target's fused features (``ctx.hidden_states`` of the
