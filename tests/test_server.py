@@ -292,3 +292,15 @@ def test_a_plain_request_whose_client_leaves_frees_its_slot(small):
         httpx.post(small.url + "/v1/completions", headers=AUTH, json=body, timeout=httpx.Timeout(60, read=1.0))
     _wait(lambda: _metric(small.url, "lightspec:request_cancelled_total") == before + 1, "the row to be dropped")
     _wait(lambda: _health(small.url)["running"] == 0, "the slot to be freed")
+
+
+def test_server_serves_the_live_dashboard_fed_by_its_own_requests(served):
+    """The server mounts lightspec_core.dashboard: the page, and data whose step events come from its requests."""
+    handle, _, _ = served
+    page = httpx.get(handle.url + "/dashboard", timeout=30)
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    before = httpx.get(handle.url + "/dashboard/data", timeout=30).json()
+    _client(handle.url).completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=8, temperature=0)
+    after = httpx.get(handle.url + "/dashboard/data", params={"since": before["cursor"]}, timeout=30).json()
+    assert after["cursor"] > before["cursor"]
+    assert any(e.get("kind") == "step" for e in after["events"])
