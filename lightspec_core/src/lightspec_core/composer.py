@@ -149,7 +149,9 @@ class Combination:
         self.rates: dict[tuple[int, int], float] = {}
 
     def setup(self, env) -> None:
-        for c in self.components:
+        # the fusion first: a fusion that cannot work with this target (a tree fusion on a target
+        # without tree masks) refuses it at start-up, before the components load their models
+        for c in (self.fusion, *self.components):
             if hasattr(c, "setup"):
                 c.setup(env)
         # a component may learn its hidden layers in setup (an EAGLE head reads its taps there)

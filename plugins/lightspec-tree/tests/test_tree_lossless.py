@@ -217,6 +217,17 @@ def test_a_target_without_tree_masks_is_refused_at_start_up(strategy, monkeypatc
         MTPPipeline(target, ToyTokenizer(), strategy=strategy, draft_model=cached_model("gpt2", layers=1, seed=1))
 
 
+def test_a_union_over_a_target_without_tree_masks_is_refused_at_start_up():
+    import copy
+    from pathlib import Path
+
+    target = _NoTreeMasks(copy.deepcopy(cached_model("gpt2"))).eval()
+    union = str(Path(__file__).resolve().parents[3] / "docs" / "examples" / "union_tree.yaml")
+    with pytest.raises(LightSpecError, match=r"'union' combination merges drafts into a token tree, but this target "
+                                             r"\(gpt2\) does not take the custom attention masks"):
+        MTPPipeline(target, ToyTokenizer(), strategy=union, draft_model=cached_model("gpt2", layers=1, seed=1))
+
+
 def test_bad_parameters_get_one_clear_error():
     with pytest.raises(ValueError, match="depth=0 is invalid"):
         DynamicTree(depth=0)

@@ -3,7 +3,7 @@ drafts (chains or trees) into one token tree per row, shared prefixes merged."""
 
 from __future__ import annotations
 
-from lightspec_core import hookimpl
+from lightspec_core import LightSpecError, TargetRunner, hookimpl
 
 from .tree_build import depths, pack
 
@@ -20,6 +20,14 @@ class TreeUnion:
     the highest any contributing drafter gave the node (0 where none gave one)."""
 
     name = "tree_union"
+
+    def setup(self, env) -> None:
+        """Refuse, at start-up, a target that does not take the custom attention masks trees need
+        (the composer calls a fusion's ``setup`` before its components')."""
+        if not TargetRunner(env.target).supports_trees():
+            kind = getattr(getattr(env.target, "config", None), "model_type", type(env.target).__name__)
+            raise LightSpecError(f"the 'union' combination merges drafts into a token tree, but this target ({kind}) "
+                                 "does not take the custom attention masks trees need; use kind 'cascade' or 'switch'")
 
     @hookimpl
     def lightspec_fuse(self, ctx, proposals):
