@@ -18,6 +18,7 @@ import torch
 from fault_plugins import fault_env, use_fault_plugins
 from helpers import cached_tiny, forget_discovered_plugins, hf_reference, save_tiny
 from lightspec_core.plugins import get_registry
+from stat_tests import two_sample_p
 
 from lightspec_core import MTPPipeline
 
@@ -138,32 +139,6 @@ N_NEW_SAMPLED = 4
 SAMPLING = dict(temperature=1.0)  # no warper: every token has p > 0, so an accepted-at-face-value draft shows
 
 
-def _two_sample_p(a: list, b: list) -> float:
-    """p-value of a chi-square homogeneity test between two samples (categories with < 10
-    pooled counts merged; Wilson-Hilferty approximation of the tail)."""
-    import math
-    from collections import Counter
-
-    ca, cb = Counter(a), Counter(b)
-    bins, rest = [], [0, 0]
-    for c in set(ca) | set(cb):
-        if ca[c] + cb[c] >= 10:
-            bins.append((ca[c], cb[c]))
-        else:
-            rest[0] += ca[c]
-            rest[1] += cb[c]
-    if sum(rest):
-        bins.append(tuple(rest))
-    na, nb = len(a), len(b)
-    stat = sum((x - (x + y) * na / (na + nb)) ** 2 / ((x + y) * na / (na + nb))
-               + (y - (x + y) * nb / (na + nb)) ** 2 / ((x + y) * nb / (na + nb)) for x, y in bins)
-    df = len(bins) - 1
-    if df <= 0:
-        return 1.0
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 @pytest.fixture(scope="module")
 def sampled_base():
     """A vocab-64 target (concentrated distributions), a prompt, and plain samples."""
@@ -204,7 +179,7 @@ def test_impossible_draft_probability_keeps_the_sampling_distribution(fault, sam
     else:
         assert drafted == 0  # every row's draft was refused by the proposal check: those rows decoded plainly
     for pos in range(1, N_NEW_SAMPLED):  # the first token comes from the prefill, never from a draft
-        p = _two_sample_p([s[pos] for s in base], [s[pos] for s in spec])
+        p = two_sample_p([s[pos] for s in base], [s[pos] for s in spec])
         assert p > 1e-3, f"position {pos}: the sampled distribution moved (p={p:.2g})"
 
 
@@ -213,7 +188,7 @@ def test_distribution_check_has_power(sampled_base):
     tok, target, prompt, base = sampled_base
     g = torch.Generator().manual_seed(5)
     uniform = [tuple(torch.randint(3, SMALL_VOCAB, (N_NEW_SAMPLED,), generator=g).tolist()) for _ in range(N_ROWS)]
-    assert _two_sample_p([s[1] for s in base], [s[1] for s in uniform]) < 1e-3
+    assert two_sample_p([s[1] for s in base], [s[1] for s in uniform]) < 1e-3
 
 
 # --- a statistics sink that raises -------------------------------------------------------

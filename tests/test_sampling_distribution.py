@@ -14,7 +14,6 @@ distribution tests share their statistics helpers.)
 from __future__ import annotations
 
 import copy
-import math
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ from lightspec_core.sampling import (
 )
 from lightspec_core.verify import verify_chain
 from models import ToyTokenizer, build_model, cached_model
+from stat_tests import chi2_sf, two_sample_chi2
 
 from lightspec_core import MTPPipeline
 
@@ -149,39 +149,6 @@ N_NEW = 4
 SMALL_VOCAB = 64
 
 
-def _two_sample_chi2(a: list, b: list) -> tuple[float, int]:
-    """Chi-square statistic and degrees of freedom of a two-sample homogeneity test;
-    categories with < 10 pooled counts are merged."""
-    from collections import Counter
-
-    ca, cb = Counter(a), Counter(b)
-    cats = sorted(set(ca) | set(cb), key=lambda c: -(ca[c] + cb[c]))
-    bins, rest_a, rest_b = [], 0, 0
-    for c in cats:
-        if ca[c] + cb[c] >= 10:
-            bins.append((ca[c], cb[c]))
-        else:
-            rest_a += ca[c]
-            rest_b += cb[c]
-    if rest_a + rest_b:
-        bins.append((rest_a, rest_b))
-    na, nb = len(a), len(b)
-    stat = 0.0
-    for x, y in bins:
-        tot = x + y
-        ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
-        stat += (x - ea) ** 2 / ea + (y - eb) ** 2 / eb
-    return stat, len(bins) - 1
-
-
-def _chi2_sf(stat: float, df: int) -> float:
-    """Survival function of chi-square(df) (Wilson-Hilferty approximation)."""
-    if df <= 0:
-        return 1.0
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 def _samples(pipe, prompt, seeds, **sampling):
     out = pipe.generate([prompt] * len(seeds), max_new_tokens=N_NEW, seed=seeds, ignore_eos=True, **sampling)
     return [tuple(o.token_ids) for o in out], out
@@ -231,19 +198,19 @@ def test_speculative_sampling_matches_plain_sampling(e2e, strategy):
     assert drafted > N_ROWS and 0 < accepted < drafted, (drafted, accepted)
     # marginals of each position after the first (those went through verification), and pairs
     for pos in range(1, N_NEW):
-        stat, df = _two_sample_chi2([s[pos] for s in base], [s[pos] for s in spec])
-        assert _chi2_sf(stat, df) > 1e-3, f"position {pos}: chi2={stat:.1f} df={df}"
+        stat, df = two_sample_chi2([s[pos] for s in base], [s[pos] for s in spec])
+        assert chi2_sf(stat, df) > 1e-3, f"position {pos}: chi2={stat:.1f} df={df}"
     for a, b in ((0, 1), (1, 2), (2, 3)):
-        stat, df = _two_sample_chi2([s[a:b + 1] for s in base], [s[a:b + 1] for s in spec])
-        assert _chi2_sf(stat, df) > 1e-3, f"pairs {a},{b}: chi2={stat:.1f} df={df}"
+        stat, df = two_sample_chi2([s[a:b + 1] for s in base], [s[a:b + 1] for s in spec])
+        assert chi2_sf(stat, df) > 1e-3, f"pairs {a},{b}: chi2={stat:.1f} df={df}"
 
 
 def test_e2e_distribution_test_has_power(e2e):
     """The same chi-square check rejects a somewhat different temperature."""
     tok, target, draft, prompt, plain, base = e2e
     other, _ = _samples(plain, prompt, list(range(20_000, 20_000 + N_ROWS)), **{**SAMPLING, "temperature": 1.3})
-    stat, df = _two_sample_chi2([s[1:3] for s in base], [s[1:3] for s in other])
-    assert _chi2_sf(stat, df) < 1e-3
+    stat, df = two_sample_chi2([s[1:3] for s in base], [s[1:3] for s in other])
+    assert chi2_sf(stat, df) < 1e-3
 
 
 REPRO_PROMPTS = [[5, 17, 33, 5, 17, 33, 5, 17], [9, 8, 7], [40, 41, 42, 43, 44, 45]]

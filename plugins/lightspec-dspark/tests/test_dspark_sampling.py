@@ -5,11 +5,9 @@ check has power (it rejects another temperature)."""
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-
 import pytest
 from dspark_fixtures import tiny_target, write_checkpoint
+from stat_tests import two_sample_p
 
 from lightspec_core import MTPPipeline
 
@@ -26,29 +24,6 @@ class _Tok:
 
     def decode(self, ids, **_):
         return " ".join(map(str, ids))
-
-
-def chi2_p(a: list, b: list) -> float:
-    """p-value of a two-sample chi-square homogeneity test (bins under 10 counts merged;
-    Wilson-Hilferty approximation of the chi-square tail)."""
-    ca, cb = Counter(a), Counter(b)
-    bins, rest = [], [0, 0]
-    for c in set(ca) | set(cb):
-        if ca[c] + cb[c] >= 10:
-            bins.append((ca[c], cb[c]))
-        else:
-            rest[0] += ca[c]
-            rest[1] += cb[c]
-    if sum(rest):
-        bins.append(tuple(rest))
-    na, nb = len(a), len(b)
-    stat = sum((x - (x + y) * na / (na + nb)) ** 2 / ((x + y) * na / (na + nb))
-               + (y - (x + y) * nb / (na + nb)) ** 2 / ((x + y) * nb / (na + nb)) for x, y in bins)
-    df = len(bins) - 1
-    if df <= 0:
-        return 1.0
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +55,12 @@ def test_sampling_keeps_the_distribution(setup, strategy):
     drafted, accepted = sum(o.stats.drafted for o in out), sum(o.stats.accepted for o in out)
     assert drafted > ROWS / 2 and 0 < accepted < drafted, (drafted, accepted)
     for pos in range(1, NEW):
-        assert chi2_p([s[pos] for s in base], [s[pos] for s in spec]) > 1e-3, pos
+        assert two_sample_p([s[pos] for s in base], [s[pos] for s in spec]) > 1e-3, pos
     for a in range(NEW - 1):
-        assert chi2_p([s[a:a + 2] for s in base], [s[a:a + 2] for s in spec]) > 1e-3, a
+        assert two_sample_p([s[a:a + 2] for s in base], [s[a:a + 2] for s in spec]) > 1e-3, a
 
 
 def test_the_check_has_power(setup):
     target, ckpt, plain, base, run = setup
     other, _ = run(plain, list(range(20_000, 20_000 + ROWS)), temperature=1.4)
-    assert min(chi2_p([s[a:a + 2] for s in base], [s[a:a + 2] for s in other]) for a in range(NEW - 1)) < 1e-3
+    assert min(two_sample_p([s[a:a + 2] for s in base], [s[a:a + 2] for s in other]) for a in range(NEW - 1)) < 1e-3

@@ -12,13 +12,13 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 
 import pytest
 import torch
 from fixtures import VOCAB, hf_greedy, medusa_tensors, save_medusa_legacy, save_target_with_mtp, tiny_tokenizer
 from lightspec_mtplayer.strategy import MTPStrategy
+from stat_tests import two_sample_p
 from transformers import AutoModelForCausalLM
 
 from lightspec_core import DraftProposal, LightSpecError, MTPPipeline, hookimpl
@@ -219,29 +219,6 @@ SAMPLING = dict(temperature=0.9, top_k=12, top_p=0.9, min_p=0.05)
 N_ROWS, N_NEW = 1200, 4
 
 
-def _chi2_pvalue(a: list, b: list) -> float:
-    """Two-sample chi-square homogeneity test (categories under 10 pooled counts merged),
-    p-value by the Wilson-Hilferty approximation."""
-    ca, cb = Counter(a), Counter(b)
-    bins, rest = [], [0, 0]
-    for c in sorted(set(ca) | set(cb), key=lambda c: -(ca[c] + cb[c])):
-        if ca[c] + cb[c] >= 10:
-            bins.append((ca[c], cb[c]))
-        else:
-            rest[0] += ca[c]
-            rest[1] += cb[c]
-    if sum(rest):
-        bins.append(tuple(rest))
-    na, nb = len(a), len(b)
-    stat = sum((x - (x + y) * na / (na + nb)) ** 2 / ((x + y) * na / (na + nb))
-               + (y - (x + y) * nb / (na + nb)) ** 2 / ((x + y) * nb / (na + nb)) for x, y in bins)
-    df = len(bins) - 1
-    if df <= 0:
-        return 1.0
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 @pytest.mark.parametrize("kind", ["mtp", "medusa"])
 def test_sampling_matches_plain_sampling(mtp_llama, medusa_llama, kind):
     folder, heads = (mtp_llama, None) if kind == "mtp" else medusa_llama
@@ -260,14 +237,14 @@ def test_sampling_matches_plain_sampling(mtp_llama, medusa_llama, kind):
     accepted = sum(o.stats.accepted for o in outs)
     assert drafted > N_ROWS and 0 < accepted < drafted, (drafted, accepted)
     for pos in range(1, N_NEW):
-        assert _chi2_pvalue([s[pos] for s in base], [s[pos] for s in spec]) > 1e-3, pos
+        assert two_sample_p([s[pos] for s in base], [s[pos] for s in spec]) > 1e-3, pos
     for a in range(N_NEW - 1):
-        assert _chi2_pvalue([s[a : a + 2] for s in base], [s[a : a + 2] for s in spec]) > 1e-3, a
+        assert two_sample_p([s[a : a + 2] for s in base], [s[a : a + 2] for s in spec]) > 1e-3, a
     # the test has power: another temperature is told apart
     hot = [tuple(o.token_ids) for o in plain.generate([prompt] * N_ROWS, max_new_tokens=N_NEW,
                                                       seed=list(range(20_000, 20_000 + N_ROWS)), ignore_eos=True,
                                                       **{**SAMPLING, "temperature": 1.6})]
-    assert _chi2_pvalue([s[1:3] for s in base], [s[1:3] for s in hot]) < 1e-3
+    assert two_sample_p([s[1:3] for s in base], [s[1:3] for s in hot]) < 1e-3
 
 
 class _OneToken:

@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 from models import ToyTokenizer, build_model
-from tree_helpers import chi2_sf, two_sample_chi2
+from stat_tests import chi2_sf, two_sample_chi2
 
 from lightspec_core import MTPPipeline, get_registry
 

@@ -3,9 +3,6 @@ protocol, and the two-sample chi-square test of the core's sampling tests."""
 
 from __future__ import annotations
 
-import math
-from collections import Counter
-
 import torch
 
 
@@ -47,34 +44,3 @@ class LookupTreeDrafter:
                 self.nodes += 1
             out.append(self._next(self.paths[b][-F:]))
         return torch.stack(out)
-
-
-def two_sample_chi2(a: list, b: list) -> tuple[float, int]:
-    """Chi-square statistic and degrees of freedom of a two-sample homogeneity test;
-    categories with < 10 pooled counts are merged (as tests/test_sampling_distribution.py)."""
-    ca, cb = Counter(a), Counter(b)
-    cats = sorted(set(ca) | set(cb), key=lambda c: -(ca[c] + cb[c]))
-    bins, rest_a, rest_b = [], 0, 0
-    for c in cats:
-        if ca[c] + cb[c] >= 10:
-            bins.append((ca[c], cb[c]))
-        else:
-            rest_a += ca[c]
-            rest_b += cb[c]
-    if rest_a + rest_b:
-        bins.append((rest_a, rest_b))
-    na, nb = len(a), len(b)
-    stat = 0.0
-    for x, y in bins:
-        tot = x + y
-        ea, eb = tot * na / (na + nb), tot * nb / (na + nb)
-        stat += (x - ea) ** 2 / ea + (y - eb) ** 2 / eb
-    return stat, len(bins) - 1
-
-
-def chi2_sf(stat: float, df: int) -> float:
-    """Survival function of chi-square(df) (Wilson-Hilferty approximation)."""
-    if df <= 0:
-        return 1.0
-    z = ((stat / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
-    return 0.5 * math.erfc(z / math.sqrt(2))
