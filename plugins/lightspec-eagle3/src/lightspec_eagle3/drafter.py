@@ -32,6 +32,7 @@ from lightspec_core import (
 from .checkpoint import load_head
 from .config import read_config
 from .modeling import Eagle3Head
+from .packed import packed_head_for
 
 
 class _CacheModel(nn.Module):
@@ -39,9 +40,10 @@ class _CacheModel(nn.Module):
     before each forward; ``tree_mask`` / ``tree_positions`` (keywords) replace the cache's own
     mask and positions for tree nodes.  Returns the layer outputs (``.hidden [B, q, H]``)."""
 
-    def __init__(self, head: Eagle3Head):
+    def __init__(self, head: Eagle3Head, fast=None):
         super().__init__()
         self.head = head
+        self.impl = fast or head  # the packed CPU forward where there is one (packed.py)
         self.config = type("HeadRunConfig", (), {})()  # no sliding window, boolean masks
         self.features: torch.Tensor | None = None
 
@@ -57,7 +59,7 @@ class _CacheModel(nn.Module):
             mask = _self_visible(causal[None, None] & attention_mask[:, None, None, :cols].bool(), q, cols)
         else:
             mask = attention_mask
-        h = self.head.forward_cached(input_ids, self.features, position_ids, mask, past_key_values)
+        h = self.impl.forward_cached(input_ids, self.features, position_ids, mask, past_key_values)
         return _Out(h)
 
 
@@ -155,7 +157,12 @@ class Eagle3Drafter:
         if head.lm_head is None:
             mine += head.cfg.vocab_size * head.cfg.hidden_size
         self.cost_hint = mine / max(1, sum(p.numel() for p in target.parameters()))
-        self.runner = _CacheModel(head).eval()
+        try:
+            self.fast = packed_head_for(head)
+        except ValueError:
+            self.fast = None
+        self.impl = self.fast or head
+        self.runner = _CacheModel(head, self.fast).eval()
 
     def reset(self) -> None:
         self.kv: KVCache | None = None
@@ -180,7 +187,7 @@ class Eagle3Drafter:
             return
         taps = torch.cat([ctx.hidden_states[i] for i in self.hidden_layers], -1)
         with torch.inference_mode():
-            g = self.head.fuse(taps.to(self.head.fc.weight.dtype))  # [B, n, H]
+            g = self.impl.fuse(taps.to(self.head.fc.weight.dtype))  # [B, n, H]
         for b, rid in enumerate(ctx.row_ids):
             first, n = int(ctx.hidden_positions[b]), int(ctx.hidden_lengths[b])
             have = self.have.get(rid, 0)
@@ -263,7 +270,7 @@ class Eagle3Drafter:
 
     def target_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h ``[.., H]`` → logits over the target's vocabulary ``[.., V]`` (-inf outside the draft vocabulary)."""
-        d = self.head.draft_logits(h).float()
+        d = self.impl.draft_logits(h).float()
         if self.full_vocab:
             return d
         out = d.new_full((*d.shape[:-1], self.vocab), float("-inf"))

@@ -1,0 +1,54 @@
+"""The packed CPU drafting forward (``packed.PackedHead``) computes what the head module
+computes: fused features, cached layer outputs over several appends (prefix, then one
+drafted pair at a time, with a padding mask) and draft logits, for every public layout,
+up to the order of each dot product's summation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from e3_fixtures import LAYOUTS, random_head, tiny_target, write_layout
+from lightspec_eagle3.checkpoint import load_head
+from lightspec_eagle3.drafter import _CacheModel
+from lightspec_eagle3.packed import PackedHead, packed_head_for
+from lightspec_kernels import cpu_linear
+
+from lightspec_core import KVCache
+
+pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="no compiled CPU linear kernel here")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_packed_forward_equals_the_module(tmp_path, layout):
+    target = tiny_target()
+    head = load_head(write_layout(tmp_path / "h", random_head(target, layout), layout), target)
+    fast = packed_head_for(head)
+    assert isinstance(fast, PackedHead)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 96, (2, 9), generator=g)
+    with torch.no_grad():
+        hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+        taps = torch.cat([hs[i] for i in head.cfg.taps(6)], -1)
+        torch.testing.assert_close(fast.fuse(taps), head.fuse(taps), atol=1e-5, rtol=1e-5)
+        outs = []
+        for impl in (head, fast):
+            runner = _CacheModel(head, None if impl is head else fast)
+            kv = KVCache(runner, 2, torch.device("cpu"), capacity=32)
+            runner.features = impl.fuse(taps[:, :6])
+            valid = torch.ones(2, 6, dtype=torch.bool)
+            valid[1, 4:] = False  # a shorter second row
+            h = kv.forward(ids[:, 1:7], valid).hidden[:, 3]
+            seq = [impl.draft_logits(h)]
+            for s in range(3):  # drafted pairs: the previous output as the feature
+                runner.features = head.feedback(h)[:, None]
+                h = kv.forward(ids[:, 7 + s - 1: 7 + s]).hidden[:, 0]
+                seq.append(impl.draft_logits(h))
+            outs.append(torch.stack(seq))
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-4)
+
+
+def test_no_packing_for_heads_it_cannot_run(tmp_path):
+    """A head in float64 (or on another device) keeps the module's own forward."""
+    target = tiny_target()
+    head = load_head(write_layout(tmp_path / "h", random_head(target), "eagle"), target).double()
+    assert packed_head_for(head) is None
