@@ -100,3 +100,26 @@ def test_cli_command_is_registered_and_refuses_bad_input(tmp_path, capsys):
     code = main(["dspark", "train", "--target", str(tmp_path), "--out", str(tmp_path / "o"), "--data", str(tmp_path), "--taps", "1,x"])
     err = capsys.readouterr().err
     assert code == 2 and "--taps" in err and "Traceback" not in err
+
+
+def test_sequences_from_a_token_file_replace_generation(tmp_path, target):
+    """--sequences-from: the sequences of an end-of-text-separated token stream are the data
+    (none generated); a stream whose sequences have another length is refused, naming both."""
+    import numpy as np
+    from lightspec_dspark.train import read_sequences
+
+    from lightspec_core import InvalidValueError
+
+    g = torch.Generator().manual_seed(5)
+    seqs = torch.randint(3, 96, (7, 18), generator=g)
+    stream = torch.cat([seqs, torch.full((7, 1), 2)], 1).flatten().numpy().astype(np.uint16)
+    stream.tofile(tmp_path / "onpolicy.bin")
+    args = _args(tmp_path, tmp_path / "out", steps=2)
+    args.sequences_from = str(tmp_path / "onpolicy.bin")
+    got = read_sequences(args.sequences_from, args, 2)
+    assert torch.equal(got, seqs)
+    train(target, WordTok(), args)
+    assert torch.equal(torch.load(tmp_path / "out" / "data.pt"), got)
+    args.prompt_len = 9
+    with pytest.raises(InvalidValueError, match=r"\[18\].*= 19"):
+        read_sequences(str(tmp_path / "onpolicy.bin"), args, 2)

@@ -36,6 +36,9 @@ def dspark():
 @click.option("--gen-len", default=64, show_default=True, type=click.IntRange(2))
 @click.option("--sequences", default=4096, show_default=True, type=click.IntRange(1),
               help="Corpus windows the target continues (on-policy data, made once).")
+@click.option("--sequences-from", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Token file (.bin uint16 / .npy) of prompt + continuation sequences, each ending in the "
+                   "end-of-text token (zoo/scripts/make_onpolicy_data.py), used instead of generating them.")
 @click.option("--batch-size", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--anchors", default=16, show_default=True, type=click.IntRange(1), help="Blocks per sequence per step.")
 @click.option("--lr", default=3e-3, show_default=True, type=float)
@@ -72,8 +75,8 @@ def train_cmd(target, out, data, exclude_list, taps, threads, as_json, **opts):
             import sysconfig
 
             data = (sysconfig.get_paths()["stdlib"],)
-    if not data:
-        raise InvalidValueError("--data is required for a target other than 'zoo'")
+    if not data and not opts["sequences_from"]:
+        raise InvalidValueError("--data (or --sequences-from) is required for a target other than 'zoo'")
     if exclude_list:
         exclude = [ln.strip() for ln in open(exclude_list) if ln.strip()]
     try:

@@ -70,6 +70,7 @@ class TrainArgs:
     progress: bool = True
     cache_targets: bool = True  # run the target over the data once (taps in fp16 + top-k) instead of every step
     topk: int = 32
+    sequences_from: str | None = None  # a token stream of prompt + continuation sequences (instead of generating)
 
 
 def default_taps(num_layers: int) -> list[int]:
@@ -129,6 +130,34 @@ def make_sequences(target, docs: list[list[int]], args: TrainArgs, device, progr
         bar.update(len(ids))
     bar.close()
     return torch.cat(out)
+
+
+def read_sequences(path: str, args: TrainArgs, eot: int | None) -> torch.Tensor:
+    """``[n, prompt_len + gen_len]`` from a token stream of sequences that each end in ``eot``
+    (``.bin`` uint16 or ``.npy``; what ``zoo/scripts/make_onpolicy_data.py`` writes: a window
+    of the corpus, then the target's continuation).  Sequences of another length are refused:
+    the trainer takes the last ``gen_len`` tokens as the target's own."""
+    import numpy as np
+
+    from lightspec_core import InvalidValueError
+
+    f = Path(path)
+    if not f.is_file() or f.suffix not in (".bin", ".npy"):
+        raise InvalidValueError(f"--sequences-from {path!r}: not a .bin (uint16) or .npy token file")
+    arr = np.fromfile(f, dtype=np.uint16) if f.suffix == ".bin" else np.load(f)
+    if eot is None:
+        raise InvalidValueError("--sequences-from needs a tokenizer with an end-of-text token to split sequences")
+    ends = np.flatnonzero(arr == eot)
+    n = args.prompt_len + args.gen_len
+    starts = np.concatenate([[0], ends[:-1] + 1]) if ends.size else np.array([], dtype=np.int64)
+    lengths = set((ends - starts).tolist())
+    if lengths != {n}:
+        raise InvalidValueError(f"--sequences-from {path!r}: sequence lengths {sorted(lengths)[:5]} differ from "
+                                f"--prompt-len + --gen-len = {n}")
+    seqs = torch.from_numpy(np.stack([arr[s: s + n] for s in starts]).astype(np.int64))
+    if args.sequences < len(seqs):
+        seqs = seqs[torch.randperm(len(seqs), generator=torch.Generator().manual_seed(args.seed))[: args.sequences]]
+    return seqs
 
 
 def build_config(target, args: TrainArgs) -> DSparkConfig:
@@ -239,7 +268,10 @@ def train(target, tokenizer, args: TrainArgs, progress=None, log=print) -> dict:
     if data_path.is_file():
         seqs = torch.load(data_path)
     else:
-        seqs = make_sequences(target, read_corpus(args.data, tokenizer, args.exclude), args, device, progress)
+        if args.sequences_from:
+            seqs = read_sequences(args.sequences_from, args, tokenizer.eos_token_id)
+        else:
+            seqs = make_sequences(target, read_corpus(args.data, tokenizer, args.exclude), args, device, progress)
         torch.save(seqs, data_path)
     lo = max(1, args.prompt_len - 1)
     cache = None
