@@ -103,8 +103,8 @@ def test_cli_command_is_registered_and_refuses_bad_input(tmp_path, capsys):
 
 
 def test_sequences_from_a_token_file_replace_generation(tmp_path, target):
-    """--sequences-from: the sequences of an end-of-text-separated token stream are the data
-    (none generated); a stream whose sequences have another length is refused, naming both."""
+    """--sequences-from: the records (sequence + end-of-text) of a token file are the data (none
+    generated), end-of-text inside a sequence included; a file of another record length is refused."""
     import numpy as np
     from lightspec_dspark.train import read_sequences
 
@@ -112,6 +112,7 @@ def test_sequences_from_a_token_file_replace_generation(tmp_path, target):
 
     g = torch.Generator().manual_seed(5)
     seqs = torch.randint(3, 96, (7, 18), generator=g)
+    seqs[3, 5] = 2  # an end-of-text token inside a prompt (corpus windows cross documents)
     stream = torch.cat([seqs, torch.full((7, 1), 2)], 1).flatten().numpy().astype(np.uint16)
     stream.tofile(tmp_path / "onpolicy.bin")
     args = _args(tmp_path, tmp_path / "out", steps=2)
@@ -121,5 +122,5 @@ def test_sequences_from_a_token_file_replace_generation(tmp_path, target):
     train(target, WordTok(), args)
     assert torch.equal(torch.load(tmp_path / "out" / "data.pt"), got)
     args.prompt_len = 9
-    with pytest.raises(InvalidValueError, match=r"\[18\].*= 19"):
+    with pytest.raises(InvalidValueError, match=r"= 19 tokens each"):
         read_sequences(str(tmp_path / "onpolicy.bin"), args, 2)

@@ -37,8 +37,8 @@ def dspark():
 @click.option("--sequences", default=4096, show_default=True, type=click.IntRange(1),
               help="Corpus windows the target continues (on-policy data, made once).")
 @click.option("--sequences-from", default=None, type=click.Path(dir_okay=False, exists=True),
-              help="Token file (.bin uint16 / .npy) of prompt + continuation sequences, each ending in the "
-                   "end-of-text token (zoo/scripts/make_onpolicy_data.py), used instead of generating them.")
+              help="Token file (.bin uint16 / .npy) of records of --prompt-len + --gen-len tokens, each followed by "
+                   "the end-of-text token (zoo/scripts/make_onpolicy_data.py), used instead of generating sequences.")
 @click.option("--batch-size", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--anchors", default=16, show_default=True, type=click.IntRange(1), help="Blocks per sequence per step.")
 @click.option("--lr", default=3e-3, show_default=True, type=float)

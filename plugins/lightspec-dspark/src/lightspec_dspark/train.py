@@ -133,10 +133,12 @@ def make_sequences(target, docs: list[list[int]], args: TrainArgs, device, progr
 
 
 def read_sequences(path: str, args: TrainArgs, eot: int | None) -> torch.Tensor:
-    """``[n, prompt_len + gen_len]`` from a token stream of sequences that each end in ``eot``
-    (``.bin`` uint16 or ``.npy``; what ``zoo/scripts/make_onpolicy_data.py`` writes: a window
-    of the corpus, then the target's continuation).  Sequences of another length are refused:
-    the trainer takes the last ``gen_len`` tokens as the target's own."""
+    """``[n, prompt_len + gen_len]`` from a token file of fixed-length records, each a sequence
+    of ``prompt_len + gen_len`` tokens followed by ``eot`` (``.bin`` uint16 or ``.npy``; what
+    ``zoo/scripts/make_onpolicy_data.py`` writes: a window of the corpus, then the target's
+    continuation).  The trainer takes each record's last ``gen_len`` tokens as the target's own,
+    so a file whose records do not have that layout is refused; at most ``sequences`` records
+    are used (a seeded random subset)."""
     import numpy as np
 
     from lightspec_core import InvalidValueError
@@ -144,17 +146,14 @@ def read_sequences(path: str, args: TrainArgs, eot: int | None) -> torch.Tensor:
     f = Path(path)
     if not f.is_file() or f.suffix not in (".bin", ".npy"):
         raise InvalidValueError(f"--sequences-from {path!r}: not a .bin (uint16) or .npy token file")
-    arr = np.fromfile(f, dtype=np.uint16) if f.suffix == ".bin" else np.load(f)
     if eot is None:
-        raise InvalidValueError("--sequences-from needs a tokenizer with an end-of-text token to split sequences")
-    ends = np.flatnonzero(arr == eot)
+        raise InvalidValueError("--sequences-from needs a tokenizer with an end-of-text token (the record separator)")
+    arr = np.fromfile(f, dtype=np.uint16) if f.suffix == ".bin" else np.load(f).reshape(-1)
     n = args.prompt_len + args.gen_len
-    starts = np.concatenate([[0], ends[:-1] + 1]) if ends.size else np.array([], dtype=np.int64)
-    lengths = set((ends - starts).tolist())
-    if lengths != {n}:
-        raise InvalidValueError(f"--sequences-from {path!r}: sequence lengths {sorted(lengths)[:5]} differ from "
-                                f"--prompt-len + --gen-len = {n}")
-    seqs = torch.from_numpy(np.stack([arr[s: s + n] for s in starts]).astype(np.int64))
+    if arr.size == 0 or arr.size % (n + 1) or not bool((arr.reshape(-1, n + 1)[:, -1] == eot).all()):
+        raise InvalidValueError(f"--sequences-from {path!r}: its {arr.size} tokens are not records of --prompt-len + "
+                                f"--gen-len = {n} tokens each followed by the end-of-text token {eot}")
+    seqs = torch.from_numpy(arr.reshape(-1, n + 1)[:, :n].astype(np.int64))
     if args.sequences < len(seqs):
         seqs = seqs[torch.randperm(len(seqs), generator=torch.Generator().manual_seed(args.seed))[: args.sequences]]
     return seqs
