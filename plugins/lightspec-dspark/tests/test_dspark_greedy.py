@@ -117,3 +117,8 @@ def test_zoo_target_finds_the_zoo_head():
     assert out.stats.accepted > 0  # the trained head drafts tokens the target keeps
     with pytest.raises(LightSpecError, match="checkpoint=PATH"):
         MTPPipeline(tiny_target("llama"), _Tok(), strategy="dspark")
+    # the zoo's plain draft LM (what from_pretrained() passes by default) is no DSpark folder:
+    # the zoo head is still found; on another target the error names the draft model
+    pipe = MTPPipeline(zoo, tok, strategy="dspark", draft_model=str(lightspec_zoo.model_path("draft")))
+    with pytest.raises(LightSpecError, match="no DSpark/DFlash folder"):
+        MTPPipeline(tiny_target("llama"), _Tok(), strategy="dspark", draft_model=str(lightspec_zoo.model_path("draft")))

@@ -45,6 +45,18 @@ def zoo_head_for(target) -> Path | None:
     return None
 
 
+def _is_block_drafter(folder: Path) -> bool:
+    """Whether ``folder``'s config.json is a DSpark/DFlash drafter's (``block_size``, at the top
+    or under SpecForge's ``dflash_config``), not e.g. a plain draft LM passed for other strategies."""
+    import json
+
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(raw, dict) and ("block_size" in raw or "block_size" in (raw.get("dflash_config") or {}))
+
+
 class _RowContext:
     """One request's context keys/values per draft layer: ``[nkv, T, hd]`` with spare capacity."""
 
@@ -87,13 +99,16 @@ class DSparkStrategy:
         """Load the checkpoint: ``checkpoint=PATH``, else ``--draft-model PATH`` when it is a DSpark
         folder, else the zoo's head when the target is the zoo target."""
         path = self.checkpoint
-        if path is None and isinstance(env.draft_model, (str, Path)) and (Path(env.draft_model) / "config.json").is_file():
-            path = env.draft_model
+        dm = env.draft_model
+        given = isinstance(dm, (str, Path)) and (Path(dm) / "config.json").is_file()
+        if path is None and given and _is_block_drafter(Path(dm)):
+            path = dm
         if path is None:
             path = zoo_head_for(env.target)
         if path is None:
+            told = f" (--draft-model {str(dm)!r} is no DSpark/DFlash folder: its config has no block_size)" if given else ""
             raise InvalidValueError(f"strategy {self.name!r} needs a DSpark/DFlash checkpoint: pass checkpoint=PATH "
-                                    "(or --draft-model PATH); only the zoo target has a default head")
+                                    f"(or --draft-model PATH); only the zoo target has a default head{told}")
         cfg, _ = read_config(path)
         if self.require == "dflash" and cfg.kind != "dflash":
             raise CheckpointError(f"{path}: markov_rank={cfg.markov_rank} is a DSpark checkpoint; use strategy 'dspark' "
