@@ -22,6 +22,9 @@ Ragged rows share one column axis.  Two layouts:
 A forward may carry a token tree instead of a chain (``tree=``: each new slot's parent
 slot): the new slots then attend to their ancestors only, at depth-based positions, and
 ``commit`` keeps one path of them (compacted with the kernels' ``compact_kv_layers``).
+With ``tree_base`` a tree grows over several forwards (a drafter appends one level per
+forward instead of re-running the tree): ``tree`` then lists the parents of every slot
+appended since the base, and the new slots' mask covers the earlier ones.
 Models with sliding-window attention on the holes layout get their masks built here from
 each column's position (``kv_masks``): transformers' own sliding masks count columns, and a
 hole or padding column shifted every later token's window.
@@ -78,6 +81,7 @@ class KVCache:
         self.npos = torch.zeros(batch, dtype=torch.long, device=device)
         self.has_holes = False
         self.block = (0, 0)  # (first column, width) of the last forward's new slots
+        self.tree_col = 0  # holes layout: the first column of the current tree's slots (commit)
         # a model that takes row_offsets also makes its cache's slabs before a prefill (init_cache)
         offered = bool(getattr(model, "row_offsets_ok", False))
         if per_row and not offered:
@@ -96,20 +100,36 @@ class KVCache:
         return self.npos.tolist()
 
     def forward(self, input_ids: torch.Tensor, input_valid: torch.Tensor | None = None, tree: torch.Tensor | None = None,
-                **model_kwargs):
+                tree_base: torch.Tensor | list[int] | None = None, **model_kwargs):
         """Append ``input_ids [B, q]`` (each row's real tokens first, then padding marked False
         in ``input_valid [B, q]``) and run the model over them.
 
         ``tree [B, q]`` int64 (optional): the parent slot of each new slot among the q
         (``-1``: it continues the cached tokens; otherwise ``tree[b, j] < j``).  Each slot then
         attends to the cached tokens and its ancestors only, at position ``lengths[b] +
-        depth``.  Without it the new slots are a chain.  Returns the model output
-        (``logits [B, q, V]`` unless the caller asked the model for none).
+        depth``.  Without it the new slots are a chain.
+
+        ``tree_base [B]`` (optional, with ``tree``; a list of ints or int64): a tree appended
+        over several forwards.  ``tree_base[b]`` is row b's length when the tree began (its
+        root, the last committed token, already cached), and ``tree [B, n]`` gives the parent
+        of every slot appended since, counted from the base (slot 0 = the tree's first node,
+        ``-1`` = the root; ``tree[b, j] < j``): the first ``n - q`` are cached already (by
+        earlier forwards, tree or chain), the last q are ``input_ids``.  Every row must hold
+        exactly ``n - q`` slots past its base, and no padding (``input_valid`` all True or
+        None).  A new slot attends to columns ``[0, base)`` and to its ancestors-or-self among
+        the tree's slots, at position ``tree_base[b] + depth`` (depth 0: a child of the root).
+        ``commit(tree_base, path)`` then keeps one path, its slots numbered the same way.
+
+        Returns the model output (``logits [B, q, V]`` unless the caller asked the model for none).
         """
         depth = tree_mask = None
-        if tree is not None:
+        if tree_base is not None:
+            tree_mask, depth, prior = self._tree_rows(input_ids, input_valid, tree, tree_base)
+        elif tree is not None:
             mask, depth = tree_attention_mask(tree, 0)  # [B, 1, q, q] ancestors-or-self, depth [B, q]
-            tree_mask = mask[:, 0]
+            tree_mask, prior = mask[:, 0], 0
+        else:
+            prior = 0
         if self.per_row:
             return self._forward_per_row(input_ids, input_valid, tree_mask, depth, model_kwargs)
         B, q = input_ids.shape
@@ -132,6 +152,7 @@ class KVCache:
             if not bool(input_valid.all()):
                 self.has_holes = True
         self.block = (self.cols, q)
+        self.tree_col = self.cols - prior  # the tree's earlier slots are the last `prior` columns
         self.cols = end
         kwargs = {self.cache_kw: self.cache}
         lean = hasattr(self.model, "row_offsets_ok")  # a LeanDecoder takes the tree's own mask
@@ -144,6 +165,49 @@ class KVCache:
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           use_cache=True, **kwargs, **model_kwargs)
 
+    def _tree_rows(self, input_ids: torch.Tensor, input_valid: torch.Tensor | None, tree: torch.Tensor | None,
+                   tree_base) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """For ``forward(..., tree, tree_base)``: checks them and returns ``(mask [B, q, n],
+        offset [B, q], prior)``: which of the tree's n slots each new slot sees (its
+        ancestors and itself), each new slot's position minus the row's length, and how many
+        of the tree's slots were cached before this forward."""
+        B, q = input_ids.shape
+        if tree is None:
+            raise ValueError("tree_base needs tree=: the parents of the tree's slots since the base [B, n]")
+        if not (isinstance(tree, torch.Tensor) and tree.dtype == torch.int64 and tree.dim() == 2
+                and tree.shape[0] == B and tree.shape[1] >= q):
+            got = tuple(tree.shape) if isinstance(tree, torch.Tensor) else type(tree).__name__
+            raise ValueError(f"tree={got} is invalid with tree_base: use int64 [B={B}, n >= q={q}], the parents of "
+                             "every slot since the base, the new slots last")
+        if input_valid is not None and not bool(input_valid.all()):
+            raise ValueError("tree_base takes no padding: every row appends its q tree slots (input_valid all True)")
+        base = torch.as_tensor(tree_base, dtype=torch.long, device=self.device).reshape(-1)
+        if base.shape[0] != B:
+            raise ValueError(f"tree_base has {base.shape[0]} entries; use one per row ({B})")
+        n = tree.shape[1]
+        prior = n - q
+        if not bool((self.npos - base == prior).all()):
+            raise ValueError(f"tree_base={base.tolist()} does not fit: the rows hold {(self.npos - base).tolist()} "
+                             f"slots past it, tree= says {prior} (its parents of n={n} slots, q={q} of them new)")
+        tree = tree.to(self.device)
+        slot = torch.arange(n, device=self.device)
+        if not bool(((tree >= -1) & (tree < slot)).all()):
+            raise ValueError(f"tree={tree.tolist()} is invalid: slot j's parent must be -1 (the root) or a slot < j")
+        if not self.per_row and prior and not bool(self.valid[:, self.cols - prior : self.cols].all()):
+            raise ValueError("tree_base: the tree's earlier slots are not the cache's last columns "
+                             "(something was appended with padding or rolled back since the base)")
+        anc = (slot[prior:, None] == slot).expand(B, q, n).clone()  # [B, q, n]: itself
+        cur = tree[:, prior:]  # [B, q]: walk up to the root, one level per pass
+        depth = torch.zeros(B, q, dtype=torch.long, device=self.device)
+        while True:
+            live = cur >= 0
+            if not bool(live.any()):
+                break
+            anc |= cur[:, :, None] == slot
+            depth += live
+            cur = torch.where(live, tree.gather(1, cur.clamp(min=0)), -1)
+        return anc, depth - prior, prior
+
     def _full_mask(self, position_ids: torch.Tensor, input_valid: torch.Tensor | None, tree_mask: torch.Tensor | None):
         """The 4D mask (or per-layer-type masks) of a holes-layout forward: each new slot sees
         the row's valid cached columns and, among the new slots, its ancestors (a tree) or the
@@ -152,11 +216,13 @@ class KVCache:
         end = start + q
         allowed = self.valid[:, None, :end].expand(-1, q, -1).clone()  # [B, q, end]
         new = tree_mask if tree_mask is not None else torch.ones(q, q, dtype=torch.bool, device=self.device).tril()
+        w = new.shape[-1]  # a tree over several forwards (tree_base) covers its earlier slots too
         if input_valid is not None:
             new = new & input_valid[:, None, :]
         # a slot always sees itself: a padding slot attending to nothing would give NaN keys to later layers
-        new = new | torch.eye(q, dtype=torch.bool, device=self.device)
-        allowed[:, :, start:end] = new
+        new = new.expand(allowed.shape[0], q, w).clone()
+        new[:, :, w - q :] |= torch.eye(q, dtype=torch.bool, device=self.device)
+        allowed[:, :, end - w : end] = new
         if self.masks is None:
             return _as_model_mask(self.model, allowed[:, None])
         self.masks.record(position_ids, start)
@@ -187,14 +253,15 @@ class KVCache:
         self.cache.set_length(cols)
 
     def commit(self, start: list[int], slots: list[list[int]]) -> None:
-        """After a forward from row lengths ``start`` (what ``lengths`` was before it), keep
-        of row b's new slots exactly ``slots[b]`` (indices among the q new slots, in sequence
-        order: a tree's accepted path, root first) and drop the rest: row b's length becomes
+        """After a tree's forward (or its forwards with ``tree_base=start``) from row lengths
+        ``start`` (what ``lengths`` was before it), keep of row b's new slots exactly
+        ``slots[b]`` (indices among the tree's slots since ``start``, in sequence order: a
+        tree's accepted path, root first) and drop the rest: row b's length becomes
         ``start[b] + len(slots[b])``.  A prefix ``0 .. n-1`` is a truncation; anything else
         moves the kept keys and values into place with ``compact_kv_layers``."""
         if any(s != list(range(len(s))) for s in slots):
             width = max(len(s) for s in slots)
-            base = [start[b] for b in range(self.batch)] if self.per_row else [self.block[0]] * self.batch
+            base = [start[b] for b in range(self.batch)] if self.per_row else [self.tree_col] * self.batch
             keep = torch.tensor([[b0 + j for j in s] + [-1] * (width - len(s)) for b0, s in zip(base, slots)],
                                 dtype=torch.long, device=self.device)
             dst = torch.tensor(base, dtype=torch.long, device=self.device)

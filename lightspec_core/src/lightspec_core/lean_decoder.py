@@ -367,7 +367,7 @@ class LeanDecoder:
                 qs = _rotate(qs.transpose(1, 2), cos, sin)
                 ks = _rotate(ks.transpose(1, 2), cos, sin)
             keys, values = cache.update(ks, vs, i)  # [B, H_kv, cols, D], the new columns last
-            if mask is None and (attention_mask is not None or q > 1):
+            if mask is None and (attention_mask is not None or q > 1 or tree_mask is not None):
                 mask = _mask(attention_mask, B, q, keys.shape[2], h.device, tree_mask)
             o = self._attend(qs, keys, values, mask)  # [B, q, H, D]
             h, x = blk.norm2(h, blk.o(o.reshape(B, q, -1)))
@@ -393,8 +393,8 @@ class LeanDecoder:
 
         ``row_offsets [B]``: each row's own first new column (module docstring); the cache's
         length is then the longest row's, and ``attention_mask [B, q]`` marks real slots.
-        ``tree_mask [B, q, q]``: which new slots each new slot sees (a token tree), instead of
-        the ones before it."""
+        ``tree_mask [B, q, w]``, w >= q: which of the last w columns (a token tree's slots,
+        the q new ones last) each new slot sees, instead of the ones before it."""
         B, q = input_ids.shape
         layers = cache.layers[: len(self.layers)]
         cols = layers[0].length
@@ -413,10 +413,11 @@ class LeanDecoder:
         if row_offsets is not None:  # each row sees its own columns up to its new token's: [B, q, C]
             if tree_mask is None:
                 mask = torch.arange(C)[None, None, :] <= row_offsets[:, None, None] + torch.arange(q)[None, :, None]
-            else:  # its cached columns, then its ancestors among the new slots
-                rel = torch.arange(C)[None, None, :] - row_offsets[:, None, None]  # [B, 1, C]
-                among = tree_mask.gather(2, rel.clamp(0, q - 1).expand(B, q, C))
-                mask = (rel < 0) | ((rel < q) & among)
+            else:  # its cached columns before the tree, then its ancestors among the tree's slots
+                w = tree_mask.shape[2]  # the tree's last w slots end with the q new ones
+                rel = torch.arange(C)[None, None, :] - (row_offsets + q - w)[:, None, None]  # [B, 1, C]
+                among = tree_mask.gather(2, rel.clamp(0, w - 1).expand(B, q, C))
+                mask = (rel < 0) | ((rel < w) & among)
             if attention_mask is not None and not bool(attention_mask.all()):
                 rows = attention_mask.reshape(-1).nonzero().squeeze(1)  # only the real tokens go through the products
                 h = h.reshape(B * q, -1).index_select(0, rows)
@@ -432,6 +433,8 @@ class LeanDecoder:
                 h = h.reshape(B * q, -1).index_select(0, rows)  # [M, Hd]
                 mask = mask & new_valid[:, :, None]
             mask = mask.contiguous()
+        elif tree_mask is not None:  # no holes, but a tree among the last columns
+            mask = _mask(None, B, q, C, h.device, tree_mask)[:, 0].contiguous()
         recorded = {i: torch.empty_like(h) for i in self.record if i < len(layers)}
         normed = self.chained.run(h, [layer.k_slab for layer in layers], [layer.v_slab for layer in layers], cols,
                                   cos, sin, mask, recorded, rows, row_offsets)
@@ -513,7 +516,7 @@ class LeanDecoder:
                 qk = _rotate(qk, cos, sin)
             qs, ks = qk[:, :H], qk[:, H:]
             keys, values = cache.update(ks, vs, i)
-            if mask is None and (attention_mask is not None or q > 1):
+            if mask is None and (attention_mask is not None or q > 1 or tree_mask is not None):
                 mask = _mask(attention_mask, B, q, keys.shape[2], h.device, tree_mask)
             o = self._attend(qs, keys, values, mask)  # [B, q, H, D]
             h, x = blk.norm2(h, blk.o(o.reshape(B, q, -1)))
@@ -740,8 +743,9 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def _mask(valid: torch.Tensor | None, B: int, q: int, cols: int, device, tree: torch.Tensor | None = None) -> torch.Tensor:
     """``[B, 1, q, cols]`` bool: query i (cache column cols - q + i) sees the columns
-    up to its own that hold real tokens of its row; with ``tree [B, q, q]``, among the q new
-    columns only the ones ``tree`` allows (its ancestors and itself)."""
+    up to its own that hold real tokens of its row; with ``tree [B, q, w]`` (w >= q), among
+    the last w columns (a token tree's slots, the q new ones last) only the ones ``tree``
+    allows (its ancestors and itself)."""
     col = torch.arange(cols, device=device)
     qpos = cols - q + torch.arange(q, device=device)
     causal = col[None, :] <= qpos[:, None]  # [q, cols]
@@ -749,6 +753,6 @@ def _mask(valid: torch.Tensor | None, B: int, q: int, cols: int, device, tree: t
         mask = causal[None, None].expand(B, 1, q, cols)
     else:
         mask = causal[None].expand(B, q, cols).clone()
-        mask[:, :, cols - q :] = tree
+        mask[:, :, cols - tree.shape[-1] :] = tree
         mask = mask[:, None]
     return mask if valid is None else mask & valid[:, None, None, :cols]

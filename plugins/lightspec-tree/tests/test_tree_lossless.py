@@ -134,6 +134,47 @@ def test_the_drafter_cache_after_compaction_gives_the_full_forward_logits(monkey
     assert len(checked) > 10
 
 
+@pytest.mark.parametrize("layout", ["per_row", "holes"])
+def test_the_draft_model_appends_each_level_without_re_running_the_tree(monkeypatch, layout):
+    """Every ``tree_step`` of the draft model runs its F new nodes only (one forward of width
+    F, ``tree_base`` covering the earlier levels), on both cache layouts: ``per_row``, a
+    draft with LightSpec's CPU kernels (the chained lean forward, as the zoo draft runs);
+    ``holes``, the same model as HF gives it.  Greedy output stays HF's at batch 8 and 1."""
+    from lightspec_core.loading import install_cpu_kernels
+    from lightspec_tree.expanders import ModelExpander
+    from models import build_model
+
+    draft = build_model("llama", layers=1, seed=1)
+    if layout == "per_row":
+        install_cpu_kernels(draft)
+    widths, levels, layouts = [], [], set()
+    step, forward = ModelExpander.tree_step, KVCache.forward
+    inside = []
+
+    def spy_step(self, tokens, parents):
+        inside.append(tokens.shape[1])
+        try:
+            return step(self, tokens, parents)
+        finally:
+            inside.pop()
+            layouts.add(self.kv.per_row)
+
+    def spy_forward(self, input_ids, input_valid=None, tree=None, tree_base=None, **kw):
+        if inside:
+            widths.append((input_ids.shape[1], inside[-1]))
+            if tree_base is not None:
+                levels.append(tree.shape[1] - input_ids.shape[1])  # the tree's slots cached before it
+        return forward(self, input_ids, input_valid, tree, tree_base=tree_base, **kw)
+
+    monkeypatch.setattr(ModelExpander, "tree_step", spy_step)
+    monkeypatch.setattr(KVCache, "forward", spy_forward)
+    strategy = DynamicTree(depth=4, top_k=3, total_tokens=10, adaptive=False)
+    _check("llama", strategy, draft=draft, budget={"type": "static", "k": 10})
+    assert layouts == {layout == "per_row"}
+    assert widths and all(q == f for q, f in widths), "a tree_step ran more than its new nodes"
+    assert max(levels) >= 3 + 3, "no level was appended over two earlier levels"
+
+
 def test_a_drafter_implementing_the_protocol_plugs_in_by_object_and_by_name():
     model = cached_model("llama")
     drafter = LookupTreeDrafter(model)  # the target itself: its best paths are right

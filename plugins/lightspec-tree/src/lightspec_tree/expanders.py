@@ -42,10 +42,12 @@ def _params(module) -> int:
 class ModelExpander:
     """Tree expansion with a causal LM that shares the target's tokenizer.
 
-    Each ``tree_step`` rolls the drafter's cache back to the committed tokens and runs the
-    whole tree drawn so far in one forward under its tree mask (the public ``KVCache``
-    masks only among one forward's new slots), returning the new nodes' logits;
-    ``tree_commit`` then keeps the accepted path with ``KVCache.commit`` (compaction).
+    Each ``tree_step`` appends its F nodes to the drafter's cache in one forward over those
+    F only (``KVCache.forward(..., tree=parents of the whole tree so far, tree_base=the
+    lengths at tree_start)``: each node sees the committed tokens and its ancestors among
+    the earlier levels' slots), returning their logits; while the tree is a chain it is
+    appended as a chain.  ``tree_commit`` then keeps the accepted path with
+    ``KVCache.commit`` (compaction).
     ``max_context``: the drafter's cache starts from each prompt's last N tokens (0: all)."""
 
     name = "draft_model"
@@ -82,6 +84,7 @@ class ModelExpander:
         self.fed: list[list[int]] = []  # per row: the context whose keys are cached (after `offset`)
         self.offset: list[int] = []  # per row: leading context tokens never fed (max_context)
         self.base: list[int] = []  # per row: cached tokens before this step's tree
+        self.base_t: torch.Tensor | None = None  # the same, [B] int64 (tree_base)
         self.nodes: tuple[torch.Tensor, torch.Tensor] | None = None  # this step's tree so far
         self.in_cache = 0  # nodes of this step's tree held in the cache, in the order given
         self.chain = True  # the nodes given so far form a chain (each the child of the one before)
@@ -144,6 +147,7 @@ class ModelExpander:
             out = self.kv.forward(ids, valid, **({"logits_to_keep": keep} if self.keeps_logits else {}))
             logits = out.logits[torch.arange(B, device=dev), last - (width - keep)]
         self.base = self.kv.lengths
+        self.base_t = torch.tensor(self.base, dtype=torch.long, device=dev)
         self.nodes, self.in_cache, self.chain = None, 0, True
         return self._fit(logits)
 
@@ -151,9 +155,8 @@ class ModelExpander:
     def tree_step(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         F = tokens.shape[1]
         given = 0 if self.nodes is None else self.nodes[0].shape[1]
-        # a chain so far, continued by one node per row: the cache holds exactly its ancestors,
-        # so it is appended as a chain, without re-running the tree (the chain shape's cost)
-        chain = self.chain and F == 1 and given == self.in_cache and bool((parents == given - 1).all())
+        # a chain so far, continued by one node per row: appended as a chain (no mask to build)
+        chain = self.chain and F == 1 and bool((parents == given - 1).all())
         if self.nodes is None:
             self.nodes = (tokens, parents)
         else:
@@ -161,11 +164,9 @@ class ModelExpander:
         extra = {"logits_to_keep": F} if self.keeps_logits else {}
         if chain:
             out = self.kv.forward(tokens, None, **extra)
-        else:
+        else:  # only the new level runs; it sees the earlier levels' slots through the tree mask
             self.chain = False
-            if self.in_cache:
-                self.kv.truncate(self.base)
-            out = self.kv.forward(self.nodes[0], None, tree=self.nodes[1], **extra)
+            out = self.kv.forward(tokens, None, tree=self.nodes[1], tree_base=self.base_t, **extra)
         self.in_cache = self.nodes[0].shape[1]
         return self._fit(out.logits[:, -F:])
 
