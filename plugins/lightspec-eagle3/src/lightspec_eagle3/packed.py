@@ -16,10 +16,11 @@ the output (the target verifies them); they change only how many are accepted.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from lightspec_kernels import cpu_linear
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from .modeling import Eagle3Head, attend
+from .modeling import Eagle3Head, RMSNorm
 
 
 def packed_head_for(head: Eagle3Head) -> "PackedHead | None":
@@ -57,29 +58,40 @@ class PackedHead:
         lm = head.lm_head.weight if head.lm_head is not None else head._shared[1]
         self.lm_head = _pack(lm.float())
         self.act = mlp.act
+        # one fused op per norm, and the rotary table computed once (positions index it)
+        self.input_norm = _norm(head.input_norm) if head.input_norm is not None else None
+        self.norm = _norm(head.norm)
+        self.hidden_norm, self.in_norm = _norm(layer.hidden_norm), _norm(layer.input_layernorm)
+        self.post_norm = _norm(layer.post_attention_layernorm)
+        self.norm_before_residual = layer.norm_before_residual
+        n = cfg.max_position_embeddings
+        like = torch.zeros(1, dtype=head.fc.weight.dtype)
+        cos, sin = head.rope(torch.arange(n)[None], like)
+        self.cos, self.sin, self.max_pos = cos[0], sin[0], n
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
         """As ``Eagle3Head.fuse``: taps ``[.., n_taps * H_target]`` → ``[.., H]``."""
-        head = self.head
-        if head.input_norm is not None:
-            taps = head.input_norm(taps)
+        if self.input_norm is not None:
+            taps = self.input_norm(taps)
         return self.fc(taps)
 
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
         """As ``Eagle3Head.draft_logits``: h ``[.., H]`` → ``[.., draft_vocab]``."""
-        return self.lm_head(self.head.norm(h))
+        return self.lm_head(self.norm(h))
 
     def forward_cached(self, ids: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor,
                        mask: torch.Tensor | None, cache) -> torch.Tensor:
         """As ``Eagle3Head.forward_cached`` (same arguments, same cache entries)."""
         head = self.head
-        layer = head.layer
         B, T, _ = feat.shape
         emb = head.embed(ids).to(feat.dtype)
-        cos, sin = head.rope(positions, feat)
-        normed = layer.hidden_norm(feat)
-        residual = normed if layer.norm_before_residual else feat
-        qkv = self.qkv(torch.cat([layer.input_layernorm(emb), normed], dim=-1))
+        if int(positions.max()) < self.max_pos:
+            cos, sin = self.cos[positions], self.sin[positions]
+        else:  # beyond the table (a config whose max_position_embeddings is too small)
+            cos, sin = head.rope(positions, feat)
+        normed = self.hidden_norm(feat)
+        residual = normed if self.norm_before_residual else feat
+        qkv = self.qkv(torch.cat([self.in_norm(emb), normed], dim=-1))
         q, k, v = qkv.split([self.q_n, self.kv_n, self.kv_n], -1)
         q = q.view(B, T, self.heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
@@ -90,9 +102,15 @@ class PackedHead:
             cols = keys.shape[2]
             j = torch.arange(T, device=q.device)
             mask = (torch.arange(cols, device=q.device)[None, :] <= (cols - T + j)[:, None])[None, None]
-        a = attend(q, keys, values, mask)
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
         h = residual + self.o(a.transpose(1, 2).reshape(B, T, -1))
-        gu = self.gate_up(layer.post_attention_layernorm(h))
+        gu = self.gate_up(self.post_norm(h))
         gate, up = gu.split([self.inter, self.inter], -1)
         return h + self.down(self.act(gate) * up)
 
+
+def _norm(norm: RMSNorm):
+    """``norm`` as one fused op (``F.rms_norm``: the same formula, fp32 statistics for the
+    float32 drafting forward this module serves)."""
+    weight, eps, shape = norm.weight.detach(), norm.eps, (norm.weight.shape[0],)
+    return lambda x: F.rms_norm(x, shape, weight, eps)
