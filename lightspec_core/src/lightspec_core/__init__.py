@@ -34,6 +34,7 @@ _LAZY = {
     "early_exit_view": "model_parts",
     "final_norm": "model_parts",
     "num_layers": "model_parts",
+    "choose_exit_layer": "model_parts",
     "SamplingParams": "sampling",
     "warp_logits": "sampling",
     "warped_probs": "sampling",

@@ -130,3 +130,29 @@ def final_norm(model: nn.Module) -> nn.Module:
         if hasattr(owner, name):
             return getattr(owner, name)
     raise ValueError(f"cannot find the final norm of {type(model).__name__}")
+
+
+@torch.no_grad()
+def choose_exit_layer(model, tokens: list[int], k: int = 4) -> int:
+    """Pick the exit layer L maximising expected tokens per unit of work.
+
+    For each L, a = how often argmax(lm_head(norm(h_L))) equals the full model's argmax on
+    ``tokens``; with k drafted tokens a verify yields (1 - a^(k+1)) / (1 - a) tokens and
+    costs about 1 + k * L / N full forwards.  Reads ``tokens``' last 128; the model's output
+    only (no cache).  Used by layer skip (the core's chain and lightspec-tree's expander).
+    """
+    n = num_layers(model)
+    ids = torch.tensor([tokens[-128:]], device=next(model.parameters()).device)
+    out = model(input_ids=ids, output_hidden_states=True)
+    full = out.logits.argmax(-1)
+    head = model.get_output_embeddings()
+    norm = final_norm(model)
+    best, best_score = 1, -1.0
+    for L in range(1, n):
+        agree = float((head(norm(out.hidden_states[L])).argmax(-1) == full).float().mean())
+        a = min(agree, 0.999)
+        gain = (1 - a ** (k + 1)) / (1 - a)
+        score = gain / (1 + k * L / n)
+        if score > best_score:
+            best, best_score = L, score
+    return best

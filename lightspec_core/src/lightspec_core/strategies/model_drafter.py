@@ -26,7 +26,7 @@ from ..hookspecs import hookimpl
 from ..interfaces import DraftProposal, StepContext
 from ..kvcache import KVCache, takes_logits_to_keep
 from ..lean_decoder import LeanDecoder, lean_forward
-from ..model_parts import decoder_layers, early_exit_view, final_norm, num_layers
+from ..model_parts import choose_exit_layer, decoder_layers, early_exit_view, num_layers
 from ..sampling import exponential_noise, warp_logits
 
 TOKEN_MAP_FILE = "token_map.json"
@@ -357,28 +357,3 @@ class LayerSkipDrafter(ModelDrafter):
         self.base = [len(seq) - 1 for seq in ctx.sequences]
         self.offset = [0] * ctx.batch
         self.row_ids = list(ctx.row_ids)
-
-
-@torch.no_grad()
-def choose_exit_layer(model, tokens: list[int], k: int = 4) -> int:
-    """Pick the exit layer L maximising expected tokens per unit of work.
-
-    For each L, a = how often argmax(lm_head(norm(h_L))) equals the full model's argmax on
-    ``tokens``; with k drafted tokens a verify yields (1 - a^(k+1)) / (1 - a) tokens and
-    costs about 1 + k * L / N full forwards.
-    """
-    n = num_layers(model)
-    ids = torch.tensor([tokens[-128:]], device=model.device)
-    out = model(input_ids=ids, output_hidden_states=True)
-    full = out.logits.argmax(-1)
-    head = model.get_output_embeddings()
-    norm = final_norm(model)
-    best, best_score = 1, -1.0
-    for L in range(1, n):
-        agree = float((head(norm(out.hidden_states[L])).argmax(-1) == full).float().mean())
-        a = min(agree, 0.999)
-        gain = (1 - a ** (k + 1)) / (1 - a)
-        score = gain / (1 + k * L / n)
-        if score > best_score:
-            best, best_score = L, score
-    return best

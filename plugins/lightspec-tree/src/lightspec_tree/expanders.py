@@ -27,8 +27,8 @@ import torch
 from lightspec_core import (
     KVCache,
     LightSpecError,
+    choose_exit_layer,
     early_exit_view,
-    final_norm,
     lean_forward,
     num_layers,
     takes_logits_to_keep,
@@ -211,26 +211,8 @@ class LayerSkipExpander(ModelExpander):
 
     def tree_start(self, ctx) -> torch.Tensor:
         if self.model is None:
-            self._exit(_choose_exit_layer(self.target, list(ctx.sequences[0])))
+            self._exit(choose_exit_layer(self.target, list(ctx.sequences[0])))
         return super().tree_start(ctx)
-
-
-@torch.inference_mode()
-def _choose_exit_layer(model, tokens: list[int], k: int = 4) -> int:
-    """L maximising (1 - a^(k+1)) / (1 - a) / (1 + k L / N), a = how often the exit at L
-    agrees with the full model's argmax on ``tokens`` (their last 128)."""
-    n = num_layers(model)
-    out = model(input_ids=torch.tensor([tokens[-128:]], device=next(model.parameters()).device),
-                output_hidden_states=True)
-    full = out.logits.argmax(-1)
-    head, norm = model.get_output_embeddings(), final_norm(model)
-    best, best_score = 1, -1.0
-    for L in range(1, n):
-        a = min(float((head(norm(out.hidden_states[L])).argmax(-1) == full).float().mean()), 0.999)
-        score = (1 - a ** (k + 1)) / (1 - a) / (1 + k * L / n)
-        if score > best_score:
-            best, best_score = L, score
-    return best
 
 
 class NgramExpander:
