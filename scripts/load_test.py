@@ -1,6 +1,9 @@
 #!/usr/bin/env python
 """Load and fault test of ``lightspec serve`` (loopback only; stops by itself).
 
+(One script over 400 lines on purpose: the server child, the fault round, the throughput round
+and the report share one set of request builders and checks, and a user runs it as one file.)
+
     .venv/bin/python scripts/load_test.py                      # 200 requests, the zoo model, + transformers serve
     .venv/bin/python scripts/load_test.py --requests 20 --model DIR --strategy ngram --no-hf --json out.json
 
