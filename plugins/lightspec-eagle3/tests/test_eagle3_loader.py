@@ -138,6 +138,11 @@ def test_shared_lm_head_variant(tmp_path, target):
     reduced = write_layout(tmp_path / "r", random_head(target), "eagle")
     state = load_file(str(reduced / "model.safetensors"))
     save_file({k: v for k, v in state.items() if k != "lm_head.weight"}, str(reduced / "model.safetensors"))
+    shared = load_head(reduced, target)  # a reduced vocabulary shares the target's rows i + d2t[i]
+    assert shared.lm_head is None and shared.cfg.draft_vocab_size == 48
+    torch.testing.assert_close(shared.draft_logits(h), shared.norm(h) @ target.lm_head.weight[shared.target_ids()].T)
+    save_file({k: v for k, v in state.items() if k not in ("lm_head.weight", "d2t", "t2d")},
+              str(reduced / "model.safetensors"))
     with pytest.raises(ConfigError, match="missing tensor lm_head.weight .*draft_vocab_size is 48, vocab_size is 96"):
         load_head(reduced, target)
 

@@ -107,3 +107,32 @@ def test_shaper_on_seeded_runs_uses_the_timing_free_cost():
     # steps without a draft, or that failed, are not credited
     shaper.observe(_event([0], [0], 1.0))
     assert shaper.tries[(1, 5, 5)] == 1
+
+
+class _CountingDrafter:
+    """A tree drafter whose root is sure (p = 0.9) and whose later nodes are not (uniform)."""
+
+    def __init__(self, vocab: int = 10):
+        self.vocab, self.steps = vocab, 0
+
+    def tree_start(self, ctx):
+        p = torch.full((1, self.vocab), 0.1 / (self.vocab - 1))
+        p[0, 3] = 0.9
+        return p.log()
+
+    def tree_step(self, tokens, parents):
+        self.steps += 1
+        return torch.full((*tokens.shape, self.vocab), 1.0 / self.vocab).log()
+
+
+@pytest.mark.parametrize("limit, min_conf, steps", [(16, 0.0, 4), (3, 0.0, 2), (1, 0.0, 0), (16, 0.5, 1)])
+def test_dynamic_tree_grows_no_deeper_than_the_budget_and_its_confidence_rule(limit, min_conf, steps):
+    from lightspec_tree.strategies import DynamicTree
+
+    drafter = _CountingDrafter()
+    tree = DynamicTree(drafter=drafter, depth=5, top_k=2, total_tokens=16, adaptive=False)
+    ctx = SimpleNamespace(min_confidence=torch.tensor([min_conf]))
+    tokens, parents, _, _ = tree._expand(ctx, [limit], (2, 5, 16))
+    # depth d needs d - 1 tree_steps; below min_confidence a chain drafter stops, so a tree does too
+    assert drafter.steps == steps
+    assert len(tokens[0]) <= limit and tokens[0][0] == 3

@@ -6,9 +6,10 @@ weights as ``model.safetensors`` (or a sharded ``model.safetensors.index.json``,
 SpecForge) or ``layers.0.`` (vLLM, SGLang, speculators), optionally behind a ``model.``
 prefix; ``fc``, ``norm``, ``lm_head``, ``d2t`` / ``t2d`` (absent when the draft vocabulary
 is the target's), ``embed_tokens`` (absent: the target's embeddings), ``input_norm``
-(norm before fc).  LightSpec also reads a head without ``lm_head`` when its draft
-vocabulary is the target's: the target's output embedding is then used, as the embeddings
-are (that is how the zoo keeps its head small).
+(norm before fc).  LightSpec also reads a head without ``lm_head``: the target's output embedding is then
+used, as the embeddings are (that is how the zoo keeps its head small) -- all of it when the
+draft vocabulary is the target's, else its rows ``i + d2t[i]`` (a shared head restricted to
+a reduced draft vocabulary, as ``lightspec eagle3 shrink-vocab`` writes it).
 
 ``load_head`` refuses a head that does not fit its target with one ``ConfigError`` naming
 the field and both values.
@@ -87,9 +88,10 @@ def check_fit(cfg: HeadConfig, state: dict[str, torch.Tensor], target) -> None:
         raise ConfigError(f"EAGLE-3 head does not fit the target: hidden_size is {cfg.hidden_size} in the head (which "
                           f"has no embed_tokens), but the target's embeddings are {t_embed.shape[1]} wide")
     if "lm_head.weight" not in state:
-        if cfg.draft_vocab_size != cfg.vocab_size:
+        if cfg.draft_vocab_size != cfg.vocab_size and "d2t" not in state:
             raise ConfigError(f"EAGLE-3 head is missing tensor lm_head.weight (needed: draft_vocab_size is "
-                              f"{cfg.draft_vocab_size}, vocab_size is {cfg.vocab_size})")
+                              f"{cfg.draft_vocab_size}, vocab_size is {cfg.vocab_size}, and there is no d2t "
+                              "naming the target rows to share)")
         if t_head is None or list(t_head.weight.shape) != [cfg.vocab_size, cfg.hidden_size]:
             got = None if t_head is None else _shape(t_head.weight)
             raise ConfigError(f"EAGLE-3 head has no lm_head.weight and the target's output embedding cannot stand in: "

@@ -11,7 +11,7 @@ import click
 
 @click.group("eagle3")
 def eagle3():
-    """EAGLE-3 draft heads: train one for a target."""
+    """EAGLE-3 draft heads: train one for a target, restrict one to a smaller draft vocabulary."""
 
 
 def _ids(text: str | None) -> list[int] | None:
@@ -66,3 +66,29 @@ def train_cmd(as_json, data, exclude, layer_ids, **options):
         click.echo(f"saved {args.out}: {summary['steps']} steps, {summary['tokens']:,} tokens, "
                    f"{summary['wall_s']:.0f} s, {summary['trainable_params']:,} trainable parameters; "
                    f"last loss {last.get('loss')}, top-1 agreement per step {last.get('agree')}")
+
+
+@eagle3.command("shrink-vocab")
+@click.option("--head", "head_dir", required=True, help="The head folder to restrict (any public layout).")
+@click.option("--target", "target", required=True, help="HF model folder or id of the head's target (its tokenizer too).")
+@click.option("--data", "data", multiple=True, required=True,
+              help="Text or token arrays (.bin uint16, .npy) whose token frequencies choose the kept tokens; ideally "
+                   "the target's own outputs. Repeatable.")
+@click.option("--draft-vocab", type=int, required=True, help="How many tokens to keep (the most frequent in --data).")
+@click.option("--out", required=True, help="Output folder for the restricted head (public format, d2t/t2d).")
+@click.option("--max-tokens", type=int, default=0, show_default=True, help="Read at most this many tokens of the data.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def shrink_cmd(head_dir, target, data, draft_vocab, out, max_tokens, as_json):
+    """Restrict a trained head to the DRAFT_VOCAB most frequent tokens (a cheaper lm_head, no retraining)."""
+    from .data import load_tokens
+    from .shrink import shrink_vocab
+    from .train import _load_target
+
+    tok, model = _load_target(target, "cpu")
+    tokens = load_tokens(list(data), tok, max_tokens=max_tokens)
+    summary = shrink_vocab(head_dir, model, tokens, draft_vocab, out)
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+    else:
+        click.echo(f"saved {summary['out']}: draft vocabulary {summary['was']} -> {summary['draft_vocab_size']} tokens, "
+                   f"covering {100 * summary['coverage']:.1f}% of the {summary['tokens_counted']:,} tokens counted")

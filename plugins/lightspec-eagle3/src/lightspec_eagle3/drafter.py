@@ -309,20 +309,24 @@ class Eagle3Drafter:
         tokens = torch.zeros(B, k_max, dtype=torch.long, device=dev)
         conf = torch.zeros(B, k_max, device=dev)
         ent = torch.zeros(B, k_max, device=dev)
-        probs = None if sampling.greedy else torch.zeros(B, k_max, self.vocab, device=dev)
+        # drafting works over the draft vocabulary (N ids); tokens map to the target's at the end
+        N = self.draft_ids.numel()
+        probs = None if sampling.greedy else torch.zeros(B, k_max, N, device=dev)
         lengths = torch.zeros(B, dtype=torch.long, device=dev)
         limit_t = torch.tensor(limits, device=dev)
         active = limit_t > 0
         for j in range(k_max):
-            logits = self.target_logits(h)  # [B, V]
+            logits = self.impl.draft_logits(h).float()  # [B, N]
             p = torch.softmax(logits, -1)
             peak, arg = p.max(-1)
             if sampling.greedy:
                 tok = arg
             else:
                 q = warped_probs(logits, sampling)
-                tok = (q / exponential_noise(ctx.generators, self.vocab, dev)).argmax(-1)
+                tok = (q / exponential_noise(ctx.generators, N, dev)).argmax(-1)
                 probs[:, j] = q
+            if not self.full_vocab:
+                tok = self.draft_ids[tok]
             tokens[:, j] = tok
             conf[:, j] = peak
             ent[:, j] = torch.special.entr(p).sum(-1)
@@ -336,18 +340,19 @@ class Eagle3Drafter:
                              confidence=conf[:, :k], entropy=ent[:, :k], source=self.name)
 
     def _report(self, probs: torch.Tensor | None, k: int):
-        """Dense ``[B, k, V]`` for a whole-vocabulary head; ``SparseProbs`` over the draft vocabulary
-        (or its ``top_k_probs`` largest) otherwise."""
+        """``probs [B, k_max, N]`` over the draft vocabulary → dense ``[B, k, V]`` for a
+        whole-vocabulary head; ``SparseProbs`` over the draft vocabulary (or its ``top_k_probs``
+        largest) otherwise."""
         if probs is None:
             return None
         probs = probs[:, :k]
         if self.top_k_probs:
             top = probs.topk(min(self.top_k_probs, probs.shape[-1]), -1)
-            return SparseProbs(ids=top.indices, probs=top.values)
+            ids = top.indices if self.full_vocab else self.draft_ids[top.indices]
+            return SparseProbs(ids=ids, probs=top.values)
         if self.full_vocab:
             return probs
-        ids = self.draft_ids.expand(probs.shape[0], k, -1)
-        return SparseProbs(ids=ids.contiguous(), probs=probs.gather(2, ids))
+        return SparseProbs(ids=self.draft_ids.expand(probs.shape[0], k, -1).contiguous(), probs=probs)
 
     # -- tree expansion (called by lightspec-tree's eagle3_tree) ------------------------------------------
 

@@ -162,7 +162,21 @@ class Eagle3Head(nn.Module):
     def draft_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h ``[.., H]`` → logits over the draft vocabulary ``[.., draft_vocab]``."""
         x = self.norm(h)
-        return self.lm_head(x) if self.lm_head is not None else F.linear(x, self._shared[1])
+        return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.shared_lm_head())
+
+    def shared_lm_head(self) -> torch.Tensor:
+        """``[draft_vocab, H]``: the target's output-embedding rows of the draft vocabulary, for a
+        head without an ``lm_head`` of its own (all rows when the draft vocabulary is the
+        target's; the rows ``target_ids()`` otherwise, gathered once after ``d2t`` changes)."""
+        w = self._shared[1]
+        if self.cfg.draft_vocab_size == w.shape[0]:
+            return w
+        ids = self.target_ids()
+        cached = getattr(self, "_rows", None)
+        if cached is None or cached[0].shape != ids.shape or not torch.equal(cached[0], ids) \
+                or cached[1].dtype != w.dtype or cached[1].device != w.device:
+            self._rows = cached = (ids.clone(), w[ids.to(w.device)].contiguous())
+        return cached[1]
 
     def target_ids(self) -> torch.Tensor:
         """``[draft_vocab]`` int64: the target token id of each draft id (``i + d2t[i]``)."""

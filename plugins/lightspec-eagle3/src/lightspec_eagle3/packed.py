@@ -55,7 +55,7 @@ class PackedHead:
         self.o = _pack(at.o_proj.weight)
         self.gate_up = _pack(mlp.gate_proj.weight, mlp.up_proj.weight)
         self.down = _pack(mlp.down_proj.weight)
-        lm = head.lm_head.weight if head.lm_head is not None else head._shared[1]
+        lm = head.lm_head.weight if head.lm_head is not None else head.shared_lm_head()
         self.lm_head = _pack(lm.float())
         self.act = mlp.act
         # one fused op per norm, and the rotary table computed once (positions index it)

@@ -155,6 +155,8 @@ class DynamicTree(TreeStrategy):
 
     def _expand(self, ctx, limits: list[int], shape):
         K, D, T = shape
+        D = min(D, max(limits))  # a row never keeps more levels than its node budget
+        gate = _confidence_gate(ctx, len(limits))
         lp = self.drafter.tree_start(ctx).float()  # [B, V]
         B, dev = lp.shape[0], lp.device
         score, tok = lp.topk(min(K, lp.shape[-1]), dim=-1)  # the first level: [B, K]
@@ -164,6 +166,8 @@ class DynamicTree(TreeStrategy):
         frontier = torch.arange(tok.shape[1], device=dev).expand(B, -1)  # pool indices
         given = 0
         for _ in range(D - 1):
+            if gate is not None and not _any_confident(pool_score, pool_par, frontier, gate):
+                break  # the budget's confidence rule, as a chain drafter applies it
             f_tok = pool_tok.gather(1, frontier)
             f_par = pool_par.gather(1, frontier)
             f_par_run = torch.where(f_par >= 0, run.gather(1, f_par.clamp(min=0)), f_par)
@@ -193,6 +197,25 @@ class DynamicTree(TreeStrategy):
             drafted.append(([toks[b][j] for _, j in order], [runs[b][pars[b][j]] if pars[b][j] >= 0 else -1
                                                             for _, j in order]))
         return out_t, out_p, conf, drafted
+
+
+def _confidence_gate(ctx, B: int) -> torch.Tensor | None:
+    """The budget's ``min_confidence`` per row as log-probabilities ``[B]``, or None when it
+    stops nothing."""
+    mc = getattr(ctx, "min_confidence", None)
+    if mc is None or not bool((mc > 0).any()):
+        return None
+    return torch.log(mc.float().clamp(min=1e-30)).reshape(B, 1).to(mc.device)
+
+
+def _any_confident(score: torch.Tensor, parent: torch.Tensor, frontier: torch.Tensor, gate: torch.Tensor) -> bool:
+    """Whether any row has a frontier node drawn with at least the row's minimum confidence
+    (its probability given its parent): a chain drafter stops after a token below it, so a
+    tree stops growing once every frontier node is such a token."""
+    f_score = score.gather(1, frontier)
+    f_par = parent.gather(1, frontier)
+    up = torch.where(f_par >= 0, score.gather(1, f_par.clamp(min=0)), torch.zeros_like(f_score))
+    return bool(((f_score - up) >= gate.to(f_score.device)).any())
 
 
 def _step_prob(scores: list[float], parents: list[int], j: int) -> float:
@@ -227,7 +250,8 @@ class StaticTree(TreeStrategy):
         return 1.0 + VERIFY_SLOPE * len(shape) + hint * max(len(p) for p in shape)
 
     def _expand(self, ctx, limits: list[int], shape):
-        paths = list(shape)
+        # a node at depth d needs d nodes of a row's budget: deeper paths are never kept
+        paths = [p for p in shape if len(p) <= max(limits)]
         need = {}  # path -> how many of its best children the choices use
         for p in paths:
             need[p[:-1]] = max(need.get(p[:-1], 0), p[-1] + 1)
