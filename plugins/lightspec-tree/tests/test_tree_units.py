@@ -136,3 +136,13 @@ def test_dynamic_tree_grows_no_deeper_than_the_budget_and_its_confidence_rule(li
     # depth d needs d - 1 tree_steps; below min_confidence a chain drafter stops, so a tree does too
     assert drafter.steps == steps
     assert len(tokens[0]) <= limit and tokens[0][0] == 3
+
+
+def test_pack_sends_chains_as_chains_and_trees_with_parents():
+    from lightspec_tree.tree_build import pack
+
+    chain = pack([[4, 5, 6], [7]], [[-1, 0, 1], [-1]], "cpu", "t")
+    assert chain.parents is None and chain.lengths.tolist() == [3, 1] and chain.tokens[0].tolist() == [4, 5, 6]
+    tree = pack([[4, 5, 6], [7]], [[-1, -1, 0], [-1]], "cpu", "t")
+    assert tree.parents.tolist() == [[-1, -1, 0], [-1, -1, -1]]
+    assert pack([[], []], [[], []], "cpu", "t") is None

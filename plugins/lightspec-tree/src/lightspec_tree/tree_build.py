@@ -56,18 +56,23 @@ def renumber(keep: list[int], tokens: list[int], parents: list[int]) -> tuple[li
 
 def pack(tokens: list[list[int]], parents: list[list[int]], device, source, confidence: list[list[float]] | None = None
          ) -> DraftProposal | None:
-    """Rows of trees as a ``DraftProposal`` (``None`` when every row is empty)."""
+    """Rows of trees as a ``DraftProposal`` (``None`` when every row is empty).  When every row
+    is a chain (node j's parent is j - 1) the proposal is a plain chain (``parents=None``):
+    the target then verifies it without a tree mask, which is cheaper."""
     n = max((len(t) for t in tokens), default=0)
     if n == 0:
         return None
+    if all(p == list(range(-1, len(p) - 1)) for p in parents):
+        parents = None
     pad_t = [t + [0] * (n - len(t)) for t in tokens]
-    pad_p = [p + [-1] * (n - len(p)) for p in parents]
     conf = None
     if confidence is not None:
         conf = torch.tensor([c + [0.0] * (n - len(c)) for c in confidence], dtype=torch.float32, device=device)
     return DraftProposal(tokens=torch.tensor(pad_t, dtype=torch.long, device=device),
                          lengths=torch.tensor([len(t) for t in tokens], dtype=torch.long, device=device),
-                         parents=torch.tensor(pad_p, dtype=torch.long, device=device), confidence=conf, source=source)
+                         parents=None if parents is None else torch.tensor(
+                             [p + [-1] * (n - len(p)) for p in parents], dtype=torch.long, device=device),
+                         confidence=conf, source=source)
 
 
 def walk(tokens: list[int], parents: list[int], sequence, start: int) -> list[int]:
