@@ -95,3 +95,32 @@ def test_draft_vocabulary_is_most_frequent_ascending():
     assert draft_vocabulary(tokens, 10, 3).tolist() == [1, 5, 9]
     with pytest.raises(InvalidValueError, match="draft vocabulary size 11"):
         draft_vocabulary(tokens, 10, 11)
+
+
+def test_shrink_vocab_command(target_dir, tmp_path, capsys):
+    """``lightspec eagle3 shrink-vocab`` restricts a trained head to the most frequent tokens of
+    --data; a bad size is one clear error without a traceback."""
+    from lightspec_core.cli import cli
+
+    head = tmp_path / "head"
+    train(TrainArgs(target=str(target_dir), data=[str(target_dir / "text")], out=str(head), intermediate_size=32,
+                    heads=2, kv_heads=1, seq_len=24, batch=4, ttt_steps=2, max_steps=2, share_lm_head=True),
+          progress=False)
+    base = ["eagle3", "shrink-vocab", "--head", str(head), "--target", str(target_dir),
+            "--data", str(target_dir / "text")]
+    r = CliRunner().invoke(cli, base + ["--draft-vocab", "20", "--out", str(tmp_path / "small"), "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output[r.output.index("{"):])
+    assert summary["draft_vocab_size"] == 20 and summary["was"] == 96 and 0.5 < summary["coverage"] < 1
+    small = load_head(tmp_path / "small", tiny_target())
+    assert small.lm_head is None and small.target_ids().tolist() == sorted(small.target_ids().tolist())
+    kept = set(small.target_ids().tolist())
+    assert 90 in kept and kept <= set(range(3, 40)) | {2, 90}  # skip.txt's w90 is the most frequent word
+    from lightspec_core.cli import main
+
+    capsys.readouterr()
+    rc = main(base + ["--draft-vocab", "96", "--out", str(tmp_path / "bad")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("error:")] == [
+        "error: --draft-vocab 96 is invalid: use 1..95 (fewer tokens than the head's draft vocabulary of 96)"]
