@@ -14,6 +14,7 @@ sharing it and LightSpec gathers the target's rows ``i + d2t[i]`` at load.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ def shrink_head(head: Eagle3Head, vocab_ids: np.ndarray) -> Eagle3Head:
     old = head.target_ids().cpu()
     if not bool(torch.isin(ids, old).all()):
         raise InvalidValueError("the draft vocabulary must be a subset of the head's own draft vocabulary")
-    cfg = type(head.cfg)(**{**head.cfg.__dict__, "draft_vocab_size": int(ids.numel())})
+    cfg = replace(head.cfg, draft_vocab_size=int(ids.numel()))
     shared_embed, shared_out = head._shared
     new = Eagle3Head(cfg, own_embed=head.embed_tokens is not None, own_lm_head=head.lm_head is not None,
                      embed=shared_embed, lm_head=shared_out)
