@@ -27,8 +27,8 @@ def zoo():
 def test_shipped_head_format_and_size():
     files = {p.name: p.stat().st_size for p in HEAD.iterdir()}
     assert {"config.json", "model.safetensors", "README.md", "training_log.json"} <= set(files)
-    # the head's share of the zoo's 40 MiB (zoo/tests/test_zoo.py checks the whole): 1.9 MB
-    assert sum(files.values()) <= 1_900_000, files
+    # the head's share of the zoo's 40 MiB (zoo/tests/test_zoo.py checks the whole): 2.0 MB
+    assert sum(files.values()) <= 2_000_000, files
     log = json.loads((HEAD / "training_log.json").read_text())
     assert log["steps"] > 0 and log["tokens"] > 0
 
