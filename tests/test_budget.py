@@ -201,16 +201,33 @@ def test_backs_off_then_probes_again():
 
 def test_a_drafter_too_expensive_for_its_acceptance_is_not_probed_again_and_again():
     """Layer skip with an exit layer near the top costs most of a target step per draft
-    token: once measured, the policy stays at plain decoding."""
-    p = DynamicBudget(beta=0.1, draft_cost=0.05)
+    token: once measured, the policy stays at plain decoding; with ``explore_after`` it drafts
+    one token now and then ("explore", ever more rarely while it keeps losing) to measure again."""
+    p = DynamicBudget(beta=0.1, draft_cost=0.05, explore_after=64)
+    never = DynamicBudget(beta=0.1, draft_cost=0.05)
     good = [history(accepted=10, rejected=5)]
     p.lightspec_on_stats(step(1, T1))
     for _ in range(12):
         p.lightspec_on_stats(step(4, T1 * 1.3, drafted=(3,), accepted=(1,), draft_s=2.4 * T1))  # 0.8 per token
     assert k_of(p, good) == [0]
-    for _ in range(80):
-        p.lightspec_on_stats(step(1, T1))
-        assert k_of(p, good) == [0]
+    never.lightspec_on_stats(step(1, T1))
+    for _ in range(12):
+        never.lightspec_on_stats(step(4, T1 * 1.3, drafted=(3,), accepted=(1,), draft_s=2.4 * T1))
+    for _ in range(300):
+        never.lightspec_on_stats(step(1, T1))
+        assert k_of(never, good) == [0]
+    explored = []
+    for i in range(3000):
+        b = p.lightspec_budget(ctx(good))
+        if b.reason == "explore":
+            assert b.max_draft.tolist() == [1]
+            explored.append(i)
+            p.lightspec_on_stats(step(2, T1 * 1.3, drafted=(1,), accepted=(0,), draft_s=0.8 * T1))
+        else:
+            assert b.max_draft.tolist() == [0]
+            p.lightspec_on_stats(step(1, T1))
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert 1 <= len(explored) <= 6 and gaps == sorted(gaps) and explored[0] >= 60  # rare, and rarer
 
 
 def test_a_batch_shares_one_draft_length():

@@ -73,3 +73,43 @@ def test_dynamic_reports_hold_recheck_refresh_probe_and_seeded():
 
     ks, reason, est = decide(DynamicBudget(), [history(20, 2)], deterministic=True)
     assert ks[0] > 0 and reason == "seeded" and est == {"beta": 0.12, "draft_cost": 0.05}
+
+
+def test_a_single_row_that_keeps_choosing_plain_decoding_explores_now_and_then():
+    """A k = 0 decision measures neither acceptance nor cost, so it could never be revised:
+    after EXPLORE_AFTER of them in a row one row drafts one token ("explore"), the interval
+    doubles while the model keeps choosing 0, and a decision to draft resets it."""
+    from lightspec_core.budget.dynamic import EXPLORE_AFTER, MAX_EXPLORE_AFTER
+
+    assert DynamicBudget().first_explore == 0  # off by default (docs/design/budget.md)
+    p = DynamicBudget(beta=0.1, draft_cost=0.05, explore_after=EXPLORE_AFTER)
+    bad, good = [history(accepted=0, rejected=20)], [history(accepted=20, rejected=2)]
+    decide(p, bad)
+    p.lightspec_on_stats(step(1, T1))
+    for interval in (EXPLORE_AFTER, 2 * EXPLORE_AFTER):
+        for _ in range(interval - 1):
+            assert decide(p, bad)[:2] == ([0], "model")
+        ks, reason, est = decide(p, bad)
+        assert ks == [1] and reason == "explore" and "gain" not in est and p.last_k == 1
+    assert decide(p, good)[1] == "model" and p.explore_after == EXPLORE_AFTER  # drafting resets the interval
+    p.explore_after = MAX_EXPLORE_AFTER
+    p.idle = MAX_EXPLORE_AFTER - 1
+    assert decide(p, bad)[1] == "explore" and p.explore_after == MAX_EXPLORE_AFTER
+    batch = DynamicBudget(beta=0.1, draft_cost=0.05, explore_after=EXPLORE_AFTER)  # batches recheck instead
+    calibrate(batch, 4)
+    assert all(decide(batch, bad * 4)[1] in ("model", "recheck") for _ in range(3 * EXPLORE_AFTER))
+
+
+def test_by_default_a_row_never_explores_and_bad_explore_after_values_are_named():
+    p = DynamicBudget(beta=0.1, draft_cost=0.05)
+    bad = [history(accepted=0, rejected=20)]
+    decide(p, bad)
+    p.lightspec_on_stats(step(1, T1))
+    assert all(decide(p, bad)[:2] == ([0], "model") for _ in range(300))
+    short = DynamicBudget(beta=0.1, draft_cost=0.05, explore_after=3)
+    decide(short, bad)
+    short.lightspec_on_stats(step(1, T1))
+    assert [decide(short, bad)[1] for _ in range(9)] == ["model"] * 2 + ["explore"] + ["model"] * 5 + ["explore"]
+    for v in (-1, 2.5, True):
+        with pytest.raises(ValueError, match=f"explore_after={v!r} is invalid: use an integer >= 0"):
+            DynamicBudget(explore_after=v)

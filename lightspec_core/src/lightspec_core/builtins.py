@@ -85,6 +85,7 @@ def lightspec_register_strategies(register):
             "guard": "throughput guard: decode plainly for a while when speculation measured slower (true)",
             "batch_margin": "with several rows, draft only for a modelled gain of at least this factor (1.15); raised per kind of batch by generations that lost end to end",
             "free_max_draft": "a single row that speculates lets model-free drafters (n-gram) draft up to this many tokens, cut by their own estimate (16; 0: k for all)",
+            "explore_after": "a single row that chose plain decoding this many times in a row drafts one token to measure again, the interval doubling to 1024 while it keeps choosing plain decoding (0: never, the default; 64 was measured)",
         },
     )
     register("static", lazy(".budget:StaticBudget"), kind="budget", description="always draft k tokens", params={"k": "draft length (4)"})

@@ -18,6 +18,14 @@ Plain steps the policy takes on its own, each with its ``Budget.reason``:
 * ``"recheck"``: a batch that chose k = 0 decides again only after ``RECHECK`` more plain
   steps, doubling up to ``MAX_RECHECK`` while it keeps choosing 0.
 
+One speculative step it may take on its own: ``"explore"`` (option ``explore_after``, off by
+default; ``EXPLORE_AFTER`` is the value tried): a single row whose model chose k = 0 for
+``explore_after`` decisions in a row drafts one token, so that the acceptance and
+costs the model decides from are measured again (a k = 0 decision measures neither: without
+it a drafter judged too slow once, e.g. on another kind of prompt or while the machine was
+busy, would never draft again).  The interval doubles up to ``MAX_EXPLORE_AFTER`` while the
+model keeps choosing 0 after it, and is reset when the model chooses to draft.
+
 Otherwise the reason is ``"model"`` (the cost model's k, 0 included), ``"probe"`` (a
 batch size whose verify was never measured drafts one token, which measures it) or
 ``"seeded"`` (every request seeded: each row's k from its own acceptance and timing-free
@@ -45,6 +53,8 @@ MAX_RECHECK = 8  # ... doubling up to this many while it keeps choosing 0
 BATCH_CALIBRATION = 3  # plain steps that calibrate a batch size seen for the first time
 PLAIN_REFRESH = 32  # speculative steps in a row after which a batch takes one plain step
 SINGLE_ROW_MARGIN = 1.02  # one row drafts for a modelled gain of at least 2%
+EXPLORE_AFTER = 64  # explore_after as measured: k = 0 decisions in a row before one exploratory draft ...
+MAX_EXPLORE_AFTER = 1024  # ... doubling up to this many while the model keeps choosing 0
 
 
 class DynamicBudget:
@@ -67,6 +77,7 @@ class DynamicBudget:
         guard: bool = True,
         batch_margin: float = 1.15,
         free_max_draft: int = 16,
+        explore_after: int = 0,
     ):
         if not (isinstance(max_draft, int) and max_draft >= 1):
             raise ValueError(f"max_draft={max_draft!r} is invalid: use an integer >= 1")
@@ -87,7 +98,10 @@ class DynamicBudget:
         if not (isinstance(free_max_draft, int) and not isinstance(free_max_draft, bool) and free_max_draft >= 0):
             raise ValueError(f"free_max_draft={free_max_draft!r} is invalid: use an integer >= 0")
         self.max_draft = max_draft
+        if not (isinstance(explore_after, int) and not isinstance(explore_after, bool) and explore_after >= 0):
+            raise ValueError(f"explore_after={explore_after!r} is invalid: use an integer >= 0 (0: never explore)")
         self.free_max_draft = free_max_draft
+        self.first_explore = explore_after
         self.base_confidence = min_confidence
         self.prior_beta = beta
         self.prior_draft_cost = draft_cost
@@ -102,6 +116,8 @@ class DynamicBudget:
         self.deterministic = False  # the current generation's requests are all seeded
         self.fresh = True  # no decision yet in this generation
         self.last_k = 0  # the last decision's k (0 for plain and seeded steps)
+        self.idle = 0  # a single row's k = 0 model decisions in a row (explore_after)
+        self.explore_after = explore_after
         self._tensors = TensorCache()
         self._plain_budgets: dict[tuple, Budget] = {}
 
@@ -161,6 +177,8 @@ class DynamicBudget:
             # a batch size whose verify was never measured borrows its beta: probe with the
             # narrowest verify, which measures it
             k, reason = 1, "probe"
+        if B == 1:
+            k, reason = self._explore(k, reason)
         self.last_k = k
         if k == 0 and B > 1:
             again = self.recheck_rows == B  # it chose plain decoding at its last decision too
@@ -175,7 +193,7 @@ class DynamicBudget:
             plain_budget = self._plain(B, ctx.device, reason)
             return Budget(plain_budget.max_draft, plain_budget.min_confidence, reason=reason, estimates=estimates)
         by_source: dict[str, list[int]] = {}
-        if len(costs) > 1:  # per-source limits only matter between several drafters
+        if len(costs) > 1 and reason != "explore":  # per-source limits matter between several drafters
             for src, c in costs.items():
                 prior = acceptance.pooled_acceptance(src)
                 src_accs = [acceptance.source_acceptance(rid, src, prior) for rid in ctx.row_ids]
@@ -186,6 +204,18 @@ class DynamicBudget:
         free = [max(k, self.free_max_draft)] if B == 1 and self.free_max_draft > k else None
         return Budget(self._tensors.get((k,) * B, ctx.device), self._thresholds(ctx), by_source=by_source,
                       free_max_draft=free, reason=reason, estimates=estimates)
+
+    def _explore(self, k: int, reason: str) -> tuple[int, str]:
+        """A single row's model decision, or one exploratory 1-token draft after ``explore_after``
+        decisions of k = 0 in a row (module docstring)."""
+        if k > 0:
+            self.idle, self.explore_after = 0, self.first_explore
+            return k, reason
+        self.idle += 1
+        if not self.first_explore or self.idle < self.explore_after:
+            return k, reason
+        self.idle, self.explore_after = 0, max(self.explore_after, min(2 * self.explore_after, MAX_EXPLORE_AFTER))
+        return 1, "explore"
 
     def best_k(self, accs: list[float] | float, draft_cost: float | None = None, beta: float | None = None,
                fixed: float = 0.0, hits: list[float] | None = None, scale: float = 1.0,
