@@ -171,11 +171,12 @@ class Eagle3Head(nn.Module):
         w = self._shared[1]
         if self.cfg.draft_vocab_size == w.shape[0]:
             return w
-        ids = self.target_ids()
+        # keyed on the tensors and their in-place versions: no comparison of values (which
+        # would sync a GPU on every draft token)
+        key = (id(self.d2t), self.d2t._version, id(w), w._version, w.dtype, w.device)
         cached = getattr(self, "_rows", None)
-        if cached is None or cached[0].shape != ids.shape or not torch.equal(cached[0], ids) \
-                or cached[1].dtype != w.dtype or cached[1].device != w.device:
-            self._rows = cached = (ids.clone(), w[ids.to(w.device)].contiguous())
+        if cached is None or cached[0] != key:
+            self._rows = cached = (key, w[self.target_ids().to(w.device)].contiguous())
         return cached[1]
 
     def target_ids(self) -> torch.Tensor:
