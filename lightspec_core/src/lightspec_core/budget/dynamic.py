@@ -97,9 +97,9 @@ class DynamicBudget:
             raise ValueError(f"batch_margin={batch_margin!r} is invalid: use a number >= 1")
         if not (isinstance(free_max_draft, int) and not isinstance(free_max_draft, bool) and free_max_draft >= 0):
             raise ValueError(f"free_max_draft={free_max_draft!r} is invalid: use an integer >= 0")
-        self.max_draft = max_draft
         if not (isinstance(explore_after, int) and not isinstance(explore_after, bool) and explore_after >= 0):
             raise ValueError(f"explore_after={explore_after!r} is invalid: use an integer >= 0 (0: never explore)")
+        self.max_draft = max_draft
         self.free_max_draft = free_max_draft
         self.first_explore = explore_after
         self.base_confidence = min_confidence
