@@ -289,3 +289,47 @@ def test_defaults_invalid_toml(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_defaults(tmp_path)
     assert "lightspec.toml" in str(info.value) and "TOML" in str(info.value)
+
+
+class _Fixed:
+    """A component that drafts a fixed chain, cut to its row's limit, and records its limits."""
+
+    def __init__(self, name, tokens):
+        self.name, self.tokens, self.limits = name, tokens, []
+
+    def lightspec_propose(self, ctx):
+        import torch
+
+        from lightspec_core import DraftProposal
+
+        self.limits.append(list(ctx.max_draft_list))
+        free = ctx.free_max_draft_list if self.name == "free" else None
+        n = min(len(self.tokens), (free or ctx.max_draft_list)[0])
+        return DraftProposal(tokens=torch.tensor([self.tokens[:n]]), lengths=torch.tensor([n]), source=self.name)
+
+
+def _union_ctx(k, by_source, free=None):
+    import torch
+
+    from lightspec_core import StepContext
+
+    ctx = StepContext(step=1, sequences=[(1, 2)], row_ids=[0], max_draft_list=[k], max_draft=torch.tensor([k]),
+                      vocab_size=64)
+    ctx.budget_by_source, ctx.free_max_draft_list = by_source, free
+    return ctx
+
+
+def test_union_gives_each_component_its_own_cap_and_keeps_free_drafts():
+    """``union``: a component capped at 0 by the budget is not run; others draft within their cap;
+    the tree may hold the free limit's nodes, so a long n-gram draft is not cut to k."""
+    reg = get_registry()
+    free, model = _Fixed("free", [5, 6, 7, 8, 9, 10]), _Fixed("model", [11, 12, 13, 14])
+    union = Combination("u", "union", [free, model], reg.create("fusion", "tree_union"))
+    fused = union.lightspec_propose(ctx=_union_ctx(3, {"model": [0]}, free=[8]))
+    assert model.limits == [] and fused.node_rows() == [[5, 6, 7, 8, 9, 10]]
+    fused = union.lightspec_propose(ctx=_union_ctx(3, {"model": [2]}, free=[8]))
+    assert model.limits == [[2]]
+    assert sorted(fused.node_rows()[0]) == [5, 6, 7, 8, 9, 10, 11, 12]  # 6 free nodes + the model's 2, within 8
+    # no per-source caps and no free limit (the tree budget): every component gets the whole budget
+    fused = union.lightspec_propose(ctx=_union_ctx(3, {}))
+    assert model.limits[-1] == [3] and len(fused.node_rows()[0]) == 3

@@ -8,8 +8,12 @@ Combination kinds:
   component takes every row left.  Components are asked lazily, cheapest first.
 * ``cascade`` — the first component drafts, each next one extends that draft (it sees
   it as ``ctx.prefix``) up to the row's budget.
-* ``union``   — all drafts merged into one token tree; needs a ``fusion`` component named
-  ``tree_union`` (the lightspec-tree plugin).
+* ``union``   — every component drafts from the same root and the drafts are merged into one
+  token tree; needs a ``fusion`` component named ``tree_union`` (the lightspec-tree plugin).
+  Each component drafts within its own limit: the budget's per-source cap where it gives one
+  (``Budget.by_source``; a component capped at 0 is not run, so it costs nothing that step),
+  and the tree holds up to the budget's looser limit for model-free drafters where it gives
+  one (``Budget.free_max_draft``), so a free n-gram draft is not cut to a model drafter's k.
 
 Combinations are built from YAML or specs by ``strategy_files.build_strategy``; this module
 holds the combination strategy and the fusion rules, written on the public API only.
@@ -183,9 +187,29 @@ class Combination:
     def lightspec_propose(self, ctx: StepContext) -> DraftProposal | None:
         if self.kind == "cascade":
             proposals = self._cascade(ctx)
+        elif self.kind == "switch":
+            proposals = self._switch(ctx)
         else:
-            proposals = self._switch(ctx) if self.kind == "switch" else [c.lightspec_propose(ctx=ctx) for c in self.components]
+            proposals = self._union(ctx)
+            if ctx.free_max_draft_list is not None:  # the tree may hold the free drafters' longer drafts
+                free = ctx.free_max_draft_list
+                ctx = ctx.with_budget(torch.tensor(free, device=ctx.device), list(free))
         return self.fusion.lightspec_fuse(ctx=ctx, proposals=proposals)
+
+    def _union(self, ctx: StepContext) -> list[DraftProposal | None]:
+        """Every component's draft from the root, each within its per-source cap (module docstring)."""
+        proposals: list[DraftProposal | None] = []
+        for comp in self.components:
+            cap = ctx.budget_by_source.get(getattr(comp, "name", ""))
+            if cap is None:
+                proposals.append(comp.lightspec_propose(ctx=ctx))
+                continue
+            mine = [min(x, c) for x, c in zip(ctx.max_draft_list, cap)]
+            if max(mine) <= 0:
+                proposals.append(self._skipped(ctx, comp))
+                continue
+            proposals.append(comp.lightspec_propose(ctx=ctx.with_budget(torch.tensor(mine, device=ctx.device), mine)))
+        return proposals
 
     def _switch(self, ctx: StepContext) -> list[DraftProposal | None]:
         left = list(ctx.max_draft_list)
