@@ -70,6 +70,18 @@ def test_tree_strategies_are_lossless(arch, strategy, tree_forwards):
     assert sum(r.stats.drafted for r in batch) > 0
 
 
+def test_union_under_the_dynamic_budget_is_lossless():
+    """``union`` under the core's ``dynamic`` budget: per-source caps for the components and,
+    at batch 1, the free limit for the tree; every proposal passes the engine's checks (no
+    failures) and the output is HF's."""
+    spec = {"type": "combination", "kind": "union",
+            "components": [{"type": "ngram", "max_draft": 16}, {"type": "draft_model", "max_draft": 8}]}
+    from lightspec_core.strategy_files import build_strategy
+
+    for arch in ("llama", "qwen3"):
+        _check(arch, build_strategy(spec, get_registry()), budget="dynamic")
+
+
 @pytest.mark.parametrize("shape", ["static", "chain"])
 def test_self_draft_accepts_whole_paths_and_the_drafter_keeps_them(monkeypatch, shape):
     """With the target as its own draft model, the tree's best path is always right: every
