@@ -196,19 +196,23 @@ class Combination:
                 ctx = ctx.with_budget(torch.tensor(free, device=ctx.device), list(free))
         return self.fusion.lightspec_fuse(ctx=ctx, proposals=proposals)
 
+    @staticmethod
+    def _limits(ctx: StepContext, comp, left: list[int]) -> list[int]:
+        """``left`` cut by the budget's per-source cap for ``comp`` (``Budget.by_source``), if any."""
+        cap = ctx.budget_by_source.get(getattr(comp, "name", ""))
+        return left if cap is None else [min(x, c) for x, c in zip(left, cap)]
+
     def _union(self, ctx: StepContext) -> list[DraftProposal | None]:
         """Every component's draft from the root, each within its per-source cap (module docstring)."""
         proposals: list[DraftProposal | None] = []
         for comp in self.components:
-            cap = ctx.budget_by_source.get(getattr(comp, "name", ""))
-            if cap is None:
+            mine = self._limits(ctx, comp, ctx.max_draft_list)
+            if mine is ctx.max_draft_list:
                 proposals.append(comp.lightspec_propose(ctx=ctx))
-                continue
-            mine = [min(x, c) for x, c in zip(ctx.max_draft_list, cap)]
-            if max(mine) <= 0:
+            elif max(mine) <= 0:
                 proposals.append(self._skipped(ctx, comp))
-                continue
-            proposals.append(comp.lightspec_propose(ctx=ctx.with_budget(torch.tensor(mine, device=ctx.device), mine)))
+            else:
+                proposals.append(comp.lightspec_propose(ctx=ctx.with_budget(torch.tensor(mine, device=ctx.device), mine)))
         return proposals
 
     def _switch(self, ctx: StepContext) -> list[DraftProposal | None]:
@@ -219,8 +223,7 @@ class Combination:
             if max(left) <= 0:
                 proposals.append(self._skipped(ctx, comp))
                 continue
-            cap = ctx.budget_by_source.get(getattr(comp, "name", ""))
-            mine = left if cap is None else [min(x, c) for x, c in zip(left, cap)]
+            mine = self._limits(ctx, comp, left)
             if max(mine) <= 0:
                 proposals.append(self._skipped(ctx, comp))
                 continue
