@@ -52,3 +52,32 @@ def test_no_packing_for_heads_it_cannot_run(tmp_path):
     target = tiny_target()
     head = load_head(write_layout(tmp_path / "h", random_head(target), "eagle"), target).double()
     assert packed_head_for(head) is None
+
+
+def test_packed_forward_equals_the_module_on_tree_nodes(tmp_path):
+    """Tree nodes (a custom mask: each node sees the committed pairs and its ancestors, at
+    depth positions) give the same outputs through the packed forward (its attention kernel
+    reads the boolean mask) as through the module (SDPA)."""
+    target = tiny_target()
+    head = load_head(write_layout(tmp_path / "h", random_head(target, "eagle"), "eagle"), target)
+    fast = packed_head_for(head)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 96, (1, 8), generator=g)
+    with torch.no_grad():
+        hs = target(input_ids=ids, output_hidden_states=True).hidden_states
+        taps = torch.cat([hs[i] for i in head.cfg.taps(6)], -1)
+        outs = []
+        for impl in (head, fast):
+            runner = _CacheModel(head, None if impl is head else fast)
+            kv = KVCache(runner, 1, torch.device("cpu"), capacity=32)
+            runner.features = impl.fuse(taps[:, :6])
+            root = kv.forward(ids[:, 1:7]).hidden[:, -1]
+            # three nodes: two children of the root, then a child of the second
+            tokens = torch.tensor([[11, 12, 13]])
+            feats = head.feedback(torch.stack([root[0], root[0], root[0] * 0.5]))[None]
+            anc = torch.tensor([[1, 0, 0], [0, 1, 0], [0, 1, 1]], dtype=torch.bool)
+            mask = torch.cat([torch.ones(3, 6, dtype=torch.bool), anc], 1)[None, None]
+            runner.features = feats
+            out = kv.forward(tokens, tree_mask=mask, tree_positions=torch.tensor([[6, 6, 7]])).hidden
+            outs.append(impl.draft_logits(out))
+        torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-4)

@@ -1,24 +1,26 @@
-"""The head's drafting forward on the CPU through lightspec-kernels' packed linears.
+"""The head's drafting forward on the CPU through lightspec-kernels.
 
 Why: at batch 1 a draft token is one row through every weight of the head, and the
 target's (shared) 8192 x H ``lm_head`` alone is 12.6 MB in float32.  ``torch.nn.Linear``
 re-reads float32 weights through the BLAS at that shape; ``lightspec_kernels.cpu_linear``
 keeps each weight packed once (float16 where every value is a float16 value, as in a head
 stored in float16: the products do not change) and streams it once per call.  q/k/v and
-gate/up are packed side by side, so one call computes each group.
+gate/up are packed side by side, so one call computes each group.  The norms, the rotary
+embedding and the attention over the head's cache are one kernel call each as well
+(``cpu_norm_rope``, ``cpu_attention``): written as PyTorch ops they cost more than the
+products (an RMSNorm ~25 us, the rotary embedding of q and k ~40 us, against ~10 us for
+the q/k/v product; docs/design/eagle3.md, "Drafting cost").
 
 ``PackedHead`` computes what ``Eagle3Head.fuse`` / ``forward_cached`` / ``draft_logits``
 compute, in inference only (no autograd), for float32 CPU heads; it differs from them only
-in the order of each dot product's summation (|diff| ~ 1e-6 relative).  Drafts never change
-the output (the target verifies them); they change only how many are accepted.
+in the order of the norms' and dot products' summations (|diff| ~ 1e-6 relative).  Drafts
+never change the output (the target verifies them); they change only how many are accepted.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from lightspec_kernels import cpu_linear
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+from lightspec_kernels import cpu_attention, cpu_linear, cpu_norm_rope
 
 from .modeling import Eagle3Head, RMSNorm
 
@@ -86,31 +88,25 @@ class PackedHead:
         B, T, _ = feat.shape
         emb = head.embed(ids).to(feat.dtype)
         if int(positions.max()) < self.max_pos:
-            cos, sin = self.cos[positions], self.sin[positions]
+            cos, sin = self.cos[positions], self.sin[positions]  # [B, T, D]
         else:  # beyond the table (a config whose max_position_embeddings is too small)
             cos, sin = head.rope(positions, feat)
         normed = self.hidden_norm(feat)
         residual = normed if self.norm_before_residual else feat
         qkv = self.qkv(torch.cat([self.in_norm(emb), normed], dim=-1))
         q, k, v = qkv.split([self.q_n, self.kv_n, self.kv_n], -1)
-        q = q.view(B, T, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.reshape(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys, values = cache.update(k, v, 0)
-        if mask is None and T > 1:
-            cols = keys.shape[2]
-            j = torch.arange(T, device=q.device)
-            mask = (torch.arange(cols, device=q.device)[None, :] <= (cols - T + j)[:, None])[None, None]
-        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
-        h = residual + self.o(a.transpose(1, 2).reshape(B, T, -1))
+        q = cpu_norm_rope.rotary(q.view(B, T, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = cpu_norm_rope.rotary(k.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        keys, values = cache.update(k, v.view(B, T, self.kv_heads, self.head_dim).transpose(1, 2), 0)
+        # no mask: the new tokens are the cache's last T columns, causal among themselves
+        a = cpu_attention.attention(q, keys, values, mask)  # [B, T, heads, D]
+        h = residual + self.o(a.view(B, T, -1))
         gu = self.gate_up(self.post_norm(h))
         gate, up = gu.split([self.inter, self.inter], -1)
         return h + self.down(self.act(gate) * up)
 
 
 def _norm(norm: RMSNorm):
-    """``norm`` as one fused op (``F.rms_norm``: the same formula, fp32 statistics for the
-    float32 drafting forward this module serves)."""
-    weight, eps, shape = norm.weight.detach(), norm.eps, (norm.weight.shape[0],)
-    return lambda x: F.rms_norm(x, shape, weight, eps)
+    """``norm`` as one call of lightspec-kernels' RMSNorm (its PyTorch reference where the
+    kernel is not built)."""
+    return cpu_norm_rope.bind_rms_norm(norm.weight.detach().float(), norm.eps)
