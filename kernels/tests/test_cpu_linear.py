@@ -41,7 +41,7 @@ def test_matches_reference_and_rows_are_independent(gen, monkeypatch, half, n, k
     assert full.shape == (21, n) and not full.isnan().any()
     torch.testing.assert_close(full, ref, rtol=1e-4, atol=1e-4 * k**0.5)
     torch.testing.assert_close(full, cpu_linear.packed_linear_ref(x, packed, bias), rtol=1e-4, atol=1e-4 * k**0.5)
-    for m in (1, 2, 3, 4, 5, 7, 8, 9, 13, 20):  # every row tile and remainder
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 20):  # every row tile and remainder
         assert torch.equal(cpu_linear.packed_linear(x[:m], packed, bias), full[:m]), m
     assert torch.equal(cpu_linear.packed_linear(x[5:6], packed, bias), full[5:6])
 

@@ -95,7 +95,10 @@ static inline void store(float *y, vf v, int h, int64_t n) {
  * (AVX2 only), measured in one process on the zoo target's own weights, the products of
  * 4, 8, 16 and 64 rows took 0.76, 0.73, 0.69 and 0.66 of the time of 4 x 2, and 2 x 1 took
  * 0.70-0.77 of 2 x 2 (1 x 4 stayed the fastest for one row).  WIDE and WIDE_NT take the
- * weight type. */
+ * weight type.  With AVX-512 every height from 1 to 8 has its own tile (5 x 3 and 7 x 3: 15
+ * and 21 accumulators): without them 5 rows ran as 4 + 1 and 7 as 6 + 1, and the one-row
+ * pass over every weight made a verify of 5 (7) slots dearer than one of 6 (8)
+ * (docs/kernels.md, "Row tiles"). */
 #if defined(__AVX512F__)
 #define LS_MAX_ROWS 8
 #define TILES(SFX, WT, LOAD)                 \
@@ -103,18 +106,22 @@ static inline void store(float *y, vf v, int h, int64_t n) {
   TILE(t2_4_##SFX, WT, LOAD, 2, 4)           \
   TILE(t3_4_##SFX, WT, LOAD, 3, 4)           \
   TILE(t4_4_##SFX, WT, LOAD, 4, 4)           \
+  TILE(t5_3_##SFX, WT, LOAD, 5, 3)           \
   TILE(t6_2_##SFX, WT, LOAD, 6, 2)           \
+  TILE(t7_3_##SFX, WT, LOAD, 7, 3)           \
   TILE(t8_3_##SFX, WT, LOAD, 8, 3)           \
   TILE(t1_1_##SFX, WT, LOAD, 1, 1)           \
   TILE(t2_1_##SFX, WT, LOAD, 2, 1)           \
   TILE(t3_1_##SFX, WT, LOAD, 3, 1)           \
   TILE(t4_1_##SFX, WT, LOAD, 4, 1)           \
+  TILE(t5_1_##SFX, WT, LOAD, 5, 1)           \
   TILE(t6_1_##SFX, WT, LOAD, 6, 1)           \
+  TILE(t7_1_##SFX, WT, LOAD, 7, 1)           \
   TILE(t8_1_##SFX, WT, LOAD, 8, 1)
-#define WIDE(SFX) {0, t1_4_##SFX, t2_4_##SFX, t3_4_##SFX, t4_4_##SFX, 0, t6_2_##SFX, 0, t8_3_##SFX}
-#define WIDE_NT_f16 {0, 4, 4, 4, 4, 0, 2, 0, 3}
+#define WIDE(SFX) {0, t1_4_##SFX, t2_4_##SFX, t3_4_##SFX, t4_4_##SFX, t5_3_##SFX, t6_2_##SFX, t7_3_##SFX, t8_3_##SFX}
+#define WIDE_NT_f16 {0, 4, 4, 4, 4, 3, 2, 3, 3}
 #define WIDE_NT_f32 WIDE_NT_f16
-#define NARROW(SFX) {0, t1_1_##SFX, t2_1_##SFX, t3_1_##SFX, t4_1_##SFX, 0, t6_1_##SFX, 0, t8_1_##SFX}
+#define NARROW(SFX) {0, t1_1_##SFX, t2_1_##SFX, t3_1_##SFX, t4_1_##SFX, t5_1_##SFX, t6_1_##SFX, t7_1_##SFX, t8_1_##SFX}
 #else
 #define LS_MAX_ROWS 4
 #define TILES(SFX, WT, LOAD)                 \
@@ -173,7 +180,7 @@ TILES(f32, float, load_f32)
         int64_t r = M - m;                                                                              \
         const float *xm = x + m * ldx;                                                                  \
         float *ym = y + m * ldy;                                                                        \
-        int mt = r >= 8 && LS_MAX_ROWS >= 8 ? 8 : r >= 6 && LS_MAX_ROWS >= 6 ? 6 : r >= 4 ? 4 : r >= 3 ? 3 : r >= 2 ? 2 : 1; \
+        int mt = LS_MAX_ROWS >= 8 ? (r >= 8 ? 8 : (int)r) : r >= 4 ? 4 : r >= 3 ? 3 : r >= 2 ? 2 : 1; \
         int64_t b = nb;                                                                                 \
         for (; b + wide_nt[mt] <= last; b += wide_nt[mt]) wide[mt](xm, ldx, K, w, bias, ym, ldy, b, N);  \
         for (; b < last; b++) narrow[mt](xm, ldx, K, w, bias, ym, ldy, b, N);                           \
