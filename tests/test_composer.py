@@ -333,3 +333,34 @@ def test_union_gives_each_component_its_own_cap_and_keeps_free_drafts():
     # no per-source caps and no free limit (the tree budget): every component gets the whole budget
     fused = union.lightspec_propose(ctx=_union_ctx(3, {}))
     assert model.limits[-1] == [3] and len(fused.node_rows()[0]) == 3
+
+
+def test_lazy_union_runs_a_component_only_where_the_drafts_before_it_are_short():
+    """``lazy``: the model component is not run on a step where the free draft already reaches
+    its limit, and is run (and merged) where the free draft is shorter."""
+    reg = get_registry()
+    free, model = _Fixed("free", [5, 6, 7, 8, 9, 10]), _Fixed("model", [11, 12, 13, 14])
+    union = Combination("u", "union", [free, model], reg.create("fusion", "tree_union"), lazy=True)
+    fused = union.lightspec_propose(ctx=_union_ctx(3, {"model": [3]}, free=[8]))
+    assert model.limits == [] and fused.node_rows() == [[5, 6, 7, 8, 9, 10]]  # 6 free tokens >= the model's 3
+    short = _Fixed("free", [5])
+    union = Combination("u", "union", [short, model], reg.create("fusion", "tree_union"), lazy=True)
+    fused = union.lightspec_propose(ctx=_union_ctx(3, {"model": [3]}, free=[8]))
+    assert model.limits == [[3]] and sorted(fused.node_rows()[0]) == [5, 11, 12, 13]
+    # without lazy the model drafts on both steps
+    eager = Combination("u", "union", [free, model], reg.create("fusion", "tree_union"))
+    eager.lightspec_propose(ctx=_union_ctx(3, {"model": [3]}, free=[8]))
+    assert model.limits == [[3], [3]]
+
+
+def test_lazy_is_refused_outside_union_and_when_not_a_boolean():
+    reg = get_registry()
+    comps = [_Fixed("free", [5]), _Fixed("model", [6])]
+    with pytest.raises(ConfigError, match="lazy=True applies to kind 'union' only"):
+        Combination("c", "cascade", comps, reg.create("fusion", "concat"), lazy=True)
+    spec = {"type": "combination", "kind": "union", "lazy": "yes", "components": ["ngram", "ngram"]}
+    with pytest.raises(ConfigError, match="key 'lazy' is 'yes'; allowed: true or false"):
+        build_strategy(spec, reg, {})
+    spec = {"type": "combination", "kind": "switch", "lazy": True, "components": ["ngram", "ngram"]}
+    with pytest.raises(ConfigError, match="key 'lazy' applies to kind 'union' only"):
+        build_strategy(spec, reg, {})

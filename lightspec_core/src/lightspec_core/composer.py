@@ -14,6 +14,9 @@ Combination kinds:
   (``Budget.by_source``; a component capped at 0 is not run, so it costs nothing that step),
   and the tree holds up to the budget's looser limit for model-free drafters where it gives
   one (``Budget.free_max_draft``), so a free n-gram draft is not cut to a model drafter's k.
+  With ``lazy`` a component drafts only for the rows whose drafts so far (from the components
+  before it, in order) are shorter than its own limit: a model drafter listed after n-gram
+  lookup then runs where the free draft left room, not on every step.
 
 Combinations are built from YAML or specs by ``strategy_files.build_strategy``; this module
 holds the combination strategy and the fusion rules, written on the public API only.
@@ -136,6 +139,7 @@ class Combination:
         components: list[Any],
         fusion: Any,
         switch_threshold: float = 0.5,
+        lazy: bool = False,
     ):
         if kind not in COMBINATION_KINDS:
             raise ConfigError(f"combination {name!r}: kind={kind!r} is invalid; allowed: {', '.join(COMBINATION_KINDS)}")
@@ -148,6 +152,9 @@ class Combination:
         self.components = components
         self.fusion = fusion
         self.switch_threshold = float(switch_threshold)
+        if lazy and kind != "union":
+            raise ConfigError(f"combination {name!r}: lazy=True applies to kind 'union' only, not {kind!r}")
+        self.lazy = bool(lazy)
         self.hidden_layers = sorted({i for c in components for i in getattr(c, "hidden_layers", [])})
         # per (component index, request id): recent acceptance rate, for the switch score
         self.rates: dict[tuple[int, int], float] = {}
@@ -203,16 +210,23 @@ class Combination:
         return left if cap is None else [min(x, c) for x, c in zip(left, cap)]
 
     def _union(self, ctx: StepContext) -> list[DraftProposal | None]:
-        """Every component's draft from the root, each within its per-source cap (module docstring)."""
+        """Every component's draft from the root, each within its per-source cap; with
+        ``lazy``, only for the rows the drafts before it leave short (module docstring)."""
         proposals: list[DraftProposal | None] = []
+        longest = [0] * ctx.batch  # per row, the longest draft so far (lazy)
         for comp in self.components:
             mine = self._limits(ctx, comp, ctx.max_draft_list)
+            if self.lazy and any(n >= m > 0 for n, m in zip(longest, mine)):
+                mine = [0 if n >= m else m for n, m in zip(longest, mine)]
             if mine is ctx.max_draft_list:
-                proposals.append(comp.lightspec_propose(ctx=ctx))
+                p = comp.lightspec_propose(ctx=ctx)
             elif max(mine) <= 0:
-                proposals.append(self._skipped(ctx, comp))
+                p = self._skipped(ctx, comp)
             else:
-                proposals.append(comp.lightspec_propose(ctx=ctx.with_budget(torch.tensor(mine, device=ctx.device), mine)))
+                p = comp.lightspec_propose(ctx=ctx.with_budget(torch.tensor(mine, device=ctx.device), mine))
+            if self.lazy and p is not None:
+                longest = [max(n, int(x)) for n, x in zip(longest, p.lengths.tolist())]
+            proposals.append(p)
         return proposals
 
     def _switch(self, ctx: StepContext) -> list[DraftProposal | None]:

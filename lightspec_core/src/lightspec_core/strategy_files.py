@@ -67,11 +67,17 @@ def build_strategy(spec: Any, registry, defined: dict[str, dict] | None = None, 
         if not isinstance(comps, list):
             raise ConfigError(f"{where}: key 'components' must be a list of strategy names or mappings, got {_short_repr(comps)}")
         threshold = spec.pop("switch_threshold", 0.5)
+        lazy = spec.pop("lazy", False)
         spec.pop("budget", None)
         if spec:
             raise ConfigError(
-                f"{where}: unknown key {sorted(map(str, spec))[0]!r}; allowed: name, type, kind, components, switch_threshold, budget"
+                f"{where}: unknown key {sorted(map(str, spec))[0]!r}; allowed: name, type, kind, components, switch_threshold, "
+                "lazy, budget"
             )
+        if not isinstance(lazy, bool):
+            raise ConfigError(f"{where}: key 'lazy' is {_short_repr(lazy)}; allowed: true or false")
+        if lazy and kind != "union":
+            raise ConfigError(f"{where}: key 'lazy' applies to kind 'union' only, not {_short_repr(kind)}")
         if kind not in COMBINATION_KINDS:
             raise ConfigError(f"{where}: key 'kind' is {_short_repr(kind)}; allowed: {', '.join(COMBINATION_KINDS)}")
         if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not 0 <= threshold <= 1:
@@ -93,7 +99,7 @@ def build_strategy(spec: Any, registry, defined: dict[str, dict] | None = None, 
                 f"{where}: kind 'union' merges drafts into a token tree and needs the 'tree_union' fusion "
                 "from the lightspec-tree plugin, which is not installed (pip install lightspec-tree)"
             ) from None
-        return Combination(name or "combination", kind, built, fusion, threshold)
+        return Combination(name or "combination", kind, built, fusion, threshold, lazy=lazy)
     if stype in defined and not _shadows_registered(stype, _chain, registry):
         _check_cycle(stype, _chain)
         base = dict(defined[stype])

@@ -70,11 +70,13 @@ def test_tree_strategies_are_lossless(arch, strategy, tree_forwards):
     assert sum(r.stats.drafted for r in batch) > 0
 
 
-def test_union_under_the_dynamic_budget_is_lossless():
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+def test_union_under_the_dynamic_budget_is_lossless(lazy):
     """``union`` under the core's ``dynamic`` budget: per-source caps for the components and,
     at batch 1, the free limit for the tree; every proposal passes the engine's checks (no
-    failures) and the output is HF's."""
-    spec = {"type": "combination", "kind": "union",
+    failures) and the output is HF's.  ``lazy``: the draft model drafts only where the n-gram
+    draft is short, so steps mix merged trees and n-gram chains."""
+    spec = {"type": "combination", "kind": "union", "lazy": lazy,
             "components": [{"type": "ngram", "max_draft": 16}, {"type": "draft_model", "max_draft": 8}]}
     from lightspec_core.strategy_files import build_strategy
 
