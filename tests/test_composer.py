@@ -364,3 +364,32 @@ def test_lazy_is_refused_outside_union_and_when_not_a_boolean():
     spec = {"type": "combination", "kind": "switch", "lazy": True, "components": ["ngram", "ngram"]}
     with pytest.raises(ConfigError, match="key 'lazy' applies to kind 'union' only"):
         build_strategy(spec, reg, {})
+
+
+def test_lazy_union_limits_a_component_per_row():
+    """At batch 2 the model component drafts only for the row whose free draft is short; the
+    covered row gets a limit of 0 (and keeps its free draft)."""
+    import torch
+
+    from lightspec_core import DraftProposal, StepContext
+
+    class Rows:
+        def __init__(self, name, rows):
+            self.name, self.rows, self.limits = name, rows, []
+
+        def lightspec_propose(self, ctx):
+            self.limits.append(list(ctx.max_draft_list))
+            cut = [r[:m] for r, m in zip(self.rows, ctx.free_max_draft_list if self.name == "free" else ctx.max_draft_list)]
+            width = max(len(r) for r in cut)
+            return DraftProposal(tokens=torch.tensor([r + [0] * (width - len(r)) for r in cut]),
+                                 lengths=torch.tensor([len(r) for r in cut]), source=self.name)
+
+    free, model = Rows("free", [[5, 6, 7, 8], [9]]), Rows("model", [[11, 12, 13], [14, 15, 16]])
+    union = Combination("u", "union", [free, model], get_registry().create("fusion", "tree_union"), lazy=True)
+    ctx = StepContext(step=1, sequences=[(1, 2), (1, 3)], row_ids=[0, 1], max_draft_list=[3, 3],
+                      max_draft=torch.tensor([3, 3]), vocab_size=64)
+    ctx.budget_by_source, ctx.free_max_draft_list = {"model": [3, 3]}, [8, 8]
+    fused = union.lightspec_propose(ctx=ctx)
+    assert model.limits == [[0, 3]]
+    rows = fused.node_rows()
+    assert sorted(rows[0]) == [5, 6, 7, 8] and sorted(rows[1]) == [9, 14, 15, 16]
