@@ -8,6 +8,7 @@ import pytest
 import torch
 from lightspec_tree.fusion import TreeUnion
 from lightspec_tree.shaper import Shaper
+from lightspec_tree.strategies import DynamicTree
 from lightspec_tree.tree_build import parse_choices, select_best, walk
 
 from lightspec_core import DraftProposal, StepContext
@@ -108,6 +109,29 @@ def test_shaper_on_seeded_runs_uses_the_timing_free_cost():
     shaper.observe(_event([0], [0], 1.0))
     assert shaper.tries[(1, 5, 5)] == 1
 
+
+
+def test_shaper_keeps_records_per_candidate_as_the_step_runs_it():
+    """Candidates are the shapes as they run this step: two shapes that are the same draft
+    share one record, and a shape's record at one node budget does not judge it at another."""
+    shaper = Shaper([(1, 5, 5), (2, 5, 10), (4, 5, 16)], probe=1, every=100)
+    tree = DynamicTree(drafter="ngram")
+    at = lambda k: [tree._effective(s, k) for s in shaper.shapes]  # noqa: E731
+    assert at(1) == [(1, 1, 1)] * 3  # one node: every shape is the same draft
+    assert at(2) == [(1, 2, 2), (2, 2, 2), (2, 2, 2)]
+    assert at(8) == [(1, 5, 5), (2, 5, 8), (4, 5, 8)]
+    assert shaper.choose(candidates=at(1)) == (1, 1, 1)  # nothing to choose
+    shaper.observe(_event([1], [1], 1.0))
+    picks = []
+    for acc, t in ((1.0, 1.0), (1.5, 1.0)):  # at k = 2: the chain, then the two-wide tree, once each
+        picks.append(shaper.choose(candidates=at(2)))
+        shaper.observe(_event([acc], [2], t))
+    assert picks == [(1, 2, 2), (2, 2, 2)]
+    assert shaper.choose(candidates=at(2)) == (2, 2, 2)  # it measured better at k = 2
+    shaper.pending = None
+    # at k = 8 the shapes are new candidates: probed, not judged by their k = 2 records
+    assert shaper.choose(candidates=at(8)) == (1, 5, 5)
+    assert shaper.tries[(1, 2, 2)] == 1 and shaper.tries[(2, 2, 2)] == 1 and shaper.tries[(1, 1, 1)] == 1
 
 class _CountingDrafter:
     """A tree drafter whose root is sure (p = 0.9) and whose later nodes are not (uniform)."""

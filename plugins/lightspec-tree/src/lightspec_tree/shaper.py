@@ -7,6 +7,11 @@ steps so that a shape that became worth it is found again.  The cost is the meas
 time (seconds, an exponentially weighted mean per shape), or, when every request is seeded
 (``ctx.deterministic``: choices must not depend on timings), the timing-free model
 ``1 + verify_slope * nodes + draft_cost * drafted`` given by the strategy.
+
+A strategy may pass the step's ``candidates`` instead: the shapes as they would run this
+step (a node budget of k cuts every shape to at most k nodes and k levels, so two shapes
+can be the same draft, and one shape drafts differently at k = 2 and at k = 8).  Each
+candidate keeps its own records, so shapes are compared on the drafts they actually made.
 """
 
 from __future__ import annotations
@@ -31,31 +36,42 @@ class Shaper:
 
     def forget(self) -> None:
         """Drop every measurement."""
-        self.tries = {s: 0 for s in self.shapes}
-        self.accepted = {s: 0.0 for s in self.shapes}  # EWMA of the mean accepted nodes per drafted row
-        self.seconds = {s: 0.0 for s in self.shapes}  # EWMA of the step time
-        self.last_used = {s: 0 for s in self.shapes}
+        self.tries: dict[Hashable, int] = {}
+        self.accepted: dict[Hashable, float] = {}  # EWMA of the mean accepted nodes per drafted row
+        self.seconds: dict[Hashable, float] = {}  # EWMA of the step time
+        self.last_used: dict[Hashable, int] = {}
+        for s in self.shapes:
+            self._add(s)
         self.steps = 0
         self.pending: Hashable | None = None
+
+    def _add(self, shape: Hashable) -> None:
+        if shape not in self.tries:
+            self.tries[shape], self.accepted[shape], self.seconds[shape], self.last_used[shape] = 0, 0.0, 0.0, 0
 
     def score(self, shape: Hashable, cost: Callable[[Hashable], float] | None = None) -> float:
         """Expected tokens per unit of cost; ``cost`` (timing-free) replaces the measured time."""
         c = cost(shape) if cost is not None else self.seconds[shape]
         return (1.0 + self.accepted[shape]) / max(c, 1e-9)
 
-    def choose(self, cost: Callable[[Hashable], float] | None = None) -> Hashable:
-        """The shape for this step (recorded until its statistics arrive)."""
+    def choose(self, cost: Callable[[Hashable], float] | None = None,
+               candidates: list[Hashable] | None = None) -> Hashable:
+        """The shape for this step, among ``candidates`` (default: the shapes given at
+        construction), recorded until its statistics arrive."""
         self.steps += 1
-        if len(self.shapes) == 1:
-            pick = self.shapes[0]
+        shapes = self.shapes if candidates is None else list(dict.fromkeys(candidates))
+        for s in shapes:
+            self._add(s)
+        if len(shapes) == 1:
+            pick = shapes[0]
         else:
-            untried = [s for s in self.shapes if self.tries[s] < self.probe]
+            untried = [s for s in shapes if self.tries[s] < self.probe]
             if untried:
                 pick = untried[0]
             elif self.steps % self.every == 0:
-                pick = min(self.shapes, key=lambda s: self.last_used[s])
+                pick = min(shapes, key=lambda s: self.last_used[s])
             else:
-                pick = max(self.shapes, key=lambda s: (self.score(s, cost), -self.shapes.index(s)))
+                pick = max(shapes, key=lambda s: (self.score(s, cost), -shapes.index(s)))
         self.last_used[pick] = self.steps
         self.pending = pick
         return pick
@@ -78,4 +94,4 @@ class Shaper:
     def summary(self) -> dict:
         """What each shape measured (for reports and tests)."""
         return {str(s): {"tries": self.tries[s], "accepted": self.accepted[s], "step_s": self.seconds[s]}
-                for s in self.shapes}
+                for s in self.tries}

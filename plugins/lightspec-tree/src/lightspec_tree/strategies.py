@@ -110,12 +110,19 @@ class TreeStrategy:
             return None
         t0 = time.perf_counter()
         self._commit_previous(ctx)
-        shape = self.shaper.choose(None if not ctx.deterministic else self._cost)
+        k = max(limits)
+        candidates = [self._effective(s, k) for s in self.shaper.shapes]
+        shape = self.shaper.choose(None if not ctx.deterministic else self._cost, candidates)
         with torch.inference_mode():
             tokens, parents, conf, drafted = self._expand(ctx, limits, shape)
         self._remember(ctx, drafted)
         ctx.timer.record(self.name, time.perf_counter() - t0, max(len(t) for t in tokens))
         return pack(tokens, parents, ctx.device, self.name, conf)
+
+    def _effective(self, shape, k: int):
+        """``shape`` as it runs under a node budget of ``k`` (the shaper keeps records per
+        effective shape); the shape itself unless a strategy knows better."""
+        return shape
 
     @hookimpl
     def lightspec_on_stats(self, event) -> None:
@@ -152,6 +159,13 @@ class DynamicTree(TreeStrategy):
         k, d, t = shape
         hint = self.draft_cost_hints()[self.name]
         return 1.0 + VERIFY_SLOPE * t + hint * d
+
+    def _effective(self, shape, k: int):
+        """Under a node budget of k a tree keeps at most k nodes on at most k levels, and a
+        frontier wider than k is never needed: ``(min(top_k, k), min(depth, k), min(total, k))``
+        (at k = 1 every shape is the same one node)."""
+        K, D, T = shape
+        return (min(K, k), min(D, k), min(T, k))
 
     def _expand(self, ctx, limits: list[int], shape):
         K, D, T = shape
