@@ -864,3 +864,24 @@ def test_a_cold_first_forward_does_not_make_a_batchs_verify_look_free_and_the_an
     assert steps == PLAIN_REFRESH - 1  # the probe counted too: then one plain step
     p.lightspec_on_stats(rows_step(8, 0.8 * t8))  # the machine got faster meanwhile
     assert p.cost.plain_age[(8, True)] == 0 and k_of(p, good)[0] > 0
+
+
+def test_a_tree_accepted_to_its_depth_counts_no_rejection():
+    """A tree's siblings are rejected by design: acceptance is learned per level, so a tree
+    accepted along its whole depth counts as a chain accepted in full."""
+    from lightspec_core.budget.acceptance import AcceptanceModel
+
+    def ev(drafted, depth, accepted):
+        return StepStats(kind="step", step=1, row_ids=[0], step_time_s=0.01, device_time_s=None,
+                         peak_memory_bytes=0, drafted=[drafted], accepted=[accepted], emitted=[accepted + 1],
+                         sources=["t"], confidence=[None], entropy=[None], stage_s={}, target_forward_s=0.01,
+                         draft_forward_s=0.0, overhead_s=0.0, verify_tokens=drafted + 1, depth=[depth])
+
+    tree, chain = AcceptanceModel(decay=0.9), AcceptanceModel(decay=0.9)
+    for _ in range(5):
+        tree.learn(ev(8, 3, 3), offered=True, sources=["t"])  # 8 nodes, 3 levels, all 3 accepted
+        chain.learn(ev(3, 3, 3), offered=True, sources=["t"])
+    assert tree.pooled["t"] == chain.pooled["t"] and tree.pooled["t"][1] == 0.0
+    assert tree.source_acceptance(0, "t") == chain.source_acceptance(0, "t") > 0.8
+    tree.learn(ev(8, 3, 2), offered=True, sources=["t"])  # stopped above its depth: a rejection
+    assert tree.pooled["t"][1] == 1.0

@@ -265,3 +265,36 @@ def test_step_event_properties():
     assert json.loads(json.dumps(d)) == d
     empty = _event([0], [0], [0], [1])
     assert empty.acceptance_rate is None
+
+
+def test_a_proposal_knows_each_rows_draft_depth():
+    import torch
+    from lightspec_core.interfaces import DraftProposal
+
+    chain = DraftProposal(tokens=torch.tensor([[5, 6, 7], [8, 0, 0]]), lengths=torch.tensor([3, 1]))
+    assert chain.depth_rows() == [3, 1]
+    # row 0: two children of the root, then a grandchild under the second (depth 2) and a
+    # great-grandchild (depth 3); row 1: four siblings (depth 1); row 2: no draft
+    tree = DraftProposal(tokens=torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4], [0, 0, 0, 0]]),
+                         lengths=torch.tensor([4, 4, 0]),
+                         parents=torch.tensor([[-1, -1, 1, 2], [-1, -1, -1, -1], [-1, -1, -1, -1]]))
+    assert tree.depth_rows() == [3, 1, 0]
+
+
+def test_levels_are_the_depth_when_given_else_the_drafted_count():
+    ev = _event([0, 1], [4, 2], [2, 0], [3, 1])
+    assert ev.levels == [4, 2]
+    assert dataclasses.replace(ev, depth=[2, 2]).levels == [2, 2]
+
+
+def test_per_position_acceptance_counts_a_trees_levels_not_its_nodes():
+    from lightspec_core.stats import SummaryCollector
+
+    sink = SummaryCollector()
+    sink.start(0, prompt_tokens=5)
+    # a 6-node tree of depth 3 accepted to its depth, then one of depth 2 accepted 1 level
+    sink.lightspec_on_stats(event=dataclasses.replace(_event([0], [6], [3], [4]), depth=[3]))
+    sink.lightspec_on_stats(event=dataclasses.replace(_event([0], [5], [1], [2]), depth=[2]))
+    s = sink.summaries[0]
+    assert s.per_position_drafted == [2, 2, 1] and s.per_position_accepted == [2, 1, 1]
+    assert s.drafted == 11 and s.accepted == 4

@@ -296,7 +296,7 @@ class Combination:
             if hasattr(c, "lightspec_on_stats"):
                 c.lightspec_on_stats(event=event)
         names = [getattr(c, "name", "") for c in self.components]
-        for rid, src, d, a in zip(event.row_ids, event.sources, event.drafted, event.accepted):
+        for rid, src, d, a in zip(event.row_ids, event.sources, event.levels, event.accepted):
             if d == 0 or not src:
                 continue
             first = src.split("+")[0]

@@ -138,9 +138,10 @@ class Engine:
         accepted, emitted, paths = self._verify(ctx, batch, proposal, out)
         prof.lap("verify")
         # 4. fuse/rollback: keep the accepted slots' KV, append the emitted tokens
-        outputs = self._commit(batch, start, nodes, accepted, emitted, paths, out, eos_ids)
+        depths = proposal.depth_rows() if proposal is not None else None
+        outputs = self._commit(batch, start, depths, accepted, emitted, paths, out, eos_ids)
         prof.lap("commit")
-        self._record(ctx, batch, budget, proposal, nodes, accepted, outputs, out, prof)
+        self._record(ctx, batch, budget, proposal, depths, accepted, outputs, out, prof)
         return outputs
 
     # -- the stages ------------------------------------------------------------------------
@@ -225,11 +226,13 @@ class Engine:
             nxt = sample_next(out.logits_at(first), ctx.sampling, ctx.generators).tolist()
         return [0] * B, [[t] for t in nxt], None
 
-    def _commit(self, batch: Batch, start: list[int], nodes, accepted: list[int], emitted: list[list[int]],
-                paths: list[list[int]] | None, out: TargetOutput, eos_ids: set[int]) -> list[StepOutput]:
+    def _commit(self, batch: Batch, start: list[int], depths: list[int] | None, accepted: list[int],
+                emitted: list[list[int]], paths: list[list[int]] | None, out: TargetOutput,
+                eos_ids: set[int]) -> list[StepOutput]:
         """Keep each row's last token and accepted nodes in the target's KV cache (a chain: a
         truncation; a tree: its path compacted), append the emitted tokens (stop rules
-        apply), keep the committed slots' hidden states for the strategy, learn acceptance."""
+        apply), keep the committed slots' hidden states for the strategy, learn acceptance
+        (``depths``: each row's draft depth, None without a draft)."""
         if paths is None:
             slots = [list(range(a + 1)) for a in accepted]
         else:
@@ -239,13 +242,13 @@ class Engine:
         firsts = [len(r.tokens) - 1 for r in rows]  # the sequence position of each row's slot 0
         outputs = [batch.emit(r, e, eos_ids, self.tokenizer) for r, e in zip(rows, emitted)]
         batch.add_hidden(out, slots, firsts)
-        batch.learn(nodes, accepted)
+        batch.learn(depths, accepted)
         return outputs
 
-    def _record(self, ctx, batch, budget, proposal, nodes, accepted, outputs, out, prof) -> None:
+    def _record(self, ctx, batch, budget, proposal, depths, accepted, outputs, out, prof) -> None:
         """One ``StepStats`` event to every sink (sinks are isolated: see ``emit``)."""
         B = len(outputs)
-        drafted = [len(n) for n in nodes] if nodes is not None else [0] * B
+        drafted = [len(n) for n in proposal.node_rows()] if proposal is not None else [0] * B
         conf = ent = [None] * B
         if proposal is not None and proposal.confidence is not None:
             conf = proposal.confidence[:, 0].tolist()
@@ -268,7 +271,8 @@ class Engine:
             budget_k=list(ctx.max_draft_list) if budget is not None else [0] * B,
             budget_reason=budget.reason if budget is not None else "plain",
             budget_estimates=dict(budget.estimates) if budget is not None else {},
-            bubble_ratio=max(0.0, step_s - busy) / step_s if step_s > 0 else 0.0))
+            bubble_ratio=max(0.0, step_s - busy) / step_s if step_s > 0 else 0.0,
+            depth=depths if depths is not None else [0] * B))
 
     def emit(self, event: Any) -> None:
         """Hand one statistics event to every sink; a sink that raises is reported once and

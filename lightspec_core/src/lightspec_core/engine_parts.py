@@ -110,10 +110,12 @@ class Batch:
                 break
         return StepOutput(row.request, kept, row.finish_reason)
 
-    def learn(self, nodes: list[list[int]] | None, accepted: list[int]) -> None:
-        """Update each active row's acceptance history with this step's verify."""
+    def learn(self, depths: list[int] | None, accepted: list[int]) -> None:
+        """Update each active row's acceptance history with this step's verify; ``depths``:
+        each row's draft depth (a tree accepted to its depth counts no rejection), None
+        without a draft."""
         for i, r in enumerate(self._active_rows):
-            d = len(nodes[i]) if nodes is not None else 0
+            d = depths[i] if depths is not None else 0
             a = accepted[i]
             h = r.history
             h.accepted = h.accepted * HISTORY_DECAY + a

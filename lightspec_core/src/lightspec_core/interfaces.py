@@ -109,6 +109,21 @@ class DraftProposal:
             rows = self.__dict__["_parent_rows"] = [r[:n] for r, n in zip(self.parents.tolist(), self.lengths.tolist())]
         return rows
 
+    def depth_rows(self) -> list[int]:
+        """Each row's draft depth: the number of nodes on its longest root-to-leaf path (its
+        length for a chain, 0 for no draft).  A verify accepts at most this many nodes, so a
+        tree accepted to its depth was not rejected anywhere it could have been."""
+        parents = self.parent_rows()
+        if parents is None:
+            return self.lengths.tolist()
+        depths = []
+        for par in parents:
+            level: list[int] = []
+            for p in par:  # parents come before their children
+                level.append(1 if p < 0 else level[p] + 1)
+            depths.append(max(level, default=0))
+        return depths
+
     def forget_rows(self) -> None:
         """Drop the cached lists (after changing ``tokens``, ``lengths`` or ``parents`` in place)."""
         self.__dict__.pop("_node_rows", None)
@@ -206,7 +221,7 @@ class RowHistory:
 
     accepted: float = 0.0  # decayed count of accepted draft tokens
     rejected: float = 0.0  # decayed count of rejections (verifies that stopped early)
-    drafted: int = 0
+    drafted: int = 0  # draft levels verified (a chain's length, a tree's depth)
     accepted_total: int = 0
     steps: int = 0
     idle_steps: int = 0  # consecutive steps without a draft

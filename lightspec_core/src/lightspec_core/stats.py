@@ -56,6 +56,14 @@ class StepStats:
     budget_estimates: dict[str, float] = field(default_factory=dict)
     # share of the step's wall time in which neither a drafter nor the target computed
     bubble_ratio: float = 0.0
+    # each row's draft depth (the nodes on its longest path: ``drafted`` for a chain, fewer
+    # for a tree); empty when the producer did not say, read as ``drafted``
+    depth: list[int] = field(default_factory=list)
+
+    @property
+    def levels(self) -> list[int]:
+        """Each row's draft depth: ``depth`` when given, else ``drafted`` (chains)."""
+        return self.depth if len(self.depth) == len(self.drafted) else self.drafted
 
     @property
     def drafted_total(self) -> int:
@@ -151,19 +159,20 @@ class SummaryCollector:
     def lightspec_on_stats(self, event) -> None:
         if event.kind != "step":
             return
+        levels = event.levels
         for b, rid in enumerate(event.row_ids):
             s = self.summaries.get(rid)
             if s is None:
                 continue
-            d, a = event.drafted[b], event.accepted[b]
+            d, a, depth = event.drafted[b], event.accepted[b], levels[b]
             s.steps += 1
             s.drafted += d
             s.accepted += a
             if d:
-                while len(s.per_position_drafted) < d:
+                while len(s.per_position_drafted) < depth:  # positions are levels of a tree
                     s.per_position_drafted.append(0)
                     s.per_position_accepted.append(0)
-                for i in range(d):
+                for i in range(depth):
                     s.per_position_drafted[i] += 1
                     if i < a:
                         s.per_position_accepted[i] += 1

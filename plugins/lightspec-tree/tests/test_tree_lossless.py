@@ -117,6 +117,27 @@ def test_self_draft_accepts_whole_paths_and_the_drafter_keeps_them(monkeypatch, 
     assert catch_up[0] == len(prompt) + 1 and catch_up[1:4] == [2, 2, 2], catch_up
 
 
+def test_step_events_give_each_trees_depth():
+    """The engine's step events carry each row's draft depth (its longest path), and the
+    per-position statistics count a tree's levels: with the target as its own draft model
+    every best path holds, so each 6-node tree of 4 levels accepts its depth (what the
+    budget's acceptance model reads as no rejection, tests/test_budget.py)."""
+    model = cached_model("llama")
+    choices = [[0], [1], [0, 0], [0, 1], [0, 0, 0], [0, 0, 0, 0]]
+    pipe = MTPPipeline(model, ToyTokenizer(), strategy=StaticTree(choices=choices, adaptive=False), draft_model=model,
+                       budget={"type": "static", "k": 16})
+    events = []
+    pipe.bound.sinks.append(lambda event: events.append(event) if event.kind == "step" else None)
+    out = pipe.generate([PROMPTS[1]], max_new_tokens=13, ignore_eos=True)[0]
+    assert out.token_ids == hf_greedy(model, PROMPTS[1], 13)
+    full = [e for e in events if e.drafted[0] == len(choices)]
+    assert len(full) >= 2 and all(e.depth == [4] and e.accepted == [4] for e in full), \
+        [(e.drafted, e.depth, e.accepted) for e in events]
+    assert all(e.accepted[0] <= e.depth[0] <= e.drafted[0] for e in events)
+    assert out.stats.per_position_drafted[:4] == out.stats.per_position_accepted[:4]
+    assert len(out.stats.per_position_drafted) == 4  # levels, not nodes
+
+
 def test_the_drafter_cache_after_compaction_gives_the_full_forward_logits(monkeypatch):
     """A dynamic tree's accepted path is rarely its first nodes: the drafter's ``KVCache.commit``
     compacts it.  With the target as its own draft model, every ``tree_start`` after such a

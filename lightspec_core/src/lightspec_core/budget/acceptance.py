@@ -77,7 +77,9 @@ class AcceptanceModel:
         self.pooled_hits[0] *= POOL_DECAY
         self.pooled_hits[1] *= POOL_DECAY
         decay = self.decay
-        for rid, src, d, a in zip(event.row_ids, event.sources, event.drafted, event.accepted):
+        # a row is rejected when it accepts less than its draft's depth (a tree's siblings are
+        # rejected by design: a tree accepted to its depth counts as a chain accepted in full)
+        for rid, src, d, a in zip(event.row_ids, event.sources, event.levels, event.accepted):
             if offered:
                 got = 1.0 if d else 0.0
                 row = self.hits.setdefault(rid, [0.0, 0.0])

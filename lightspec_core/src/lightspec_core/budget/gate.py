@@ -79,7 +79,7 @@ class ConfidenceGate:
         if len(entropy) != len(rows):
             entropy = [None] * len(rows)
         window, threshold = self.window, self.threshold
-        for rid, d, a, p, h in zip(rows, event.drafted, event.accepted, confidence, entropy):
+        for rid, d, a, p, h in zip(rows, event.levels, event.accepted, confidence, entropy):
             if d == 0:
                 continue
             win = self.recent.get(rid)

@@ -85,7 +85,7 @@ class ServerMetrics:
         with self._lock:
             tot = self._totals.setdefault(strategy, [0, 0, 0, 0])
             pos = self._pos.setdefault(strategy, [])
-            for d, a in zip(drafted, accepted):
+            for d, a in zip(event.levels, accepted):  # positions are a tree's levels
                 while len(pos) < d:
                     pos.append([0, 0])
                 for i in range(d):

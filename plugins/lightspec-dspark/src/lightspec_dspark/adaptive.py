@@ -218,7 +218,7 @@ class AdaptiveStrategy:
         vf = (event.stage_s or {}).get("verify_forward")
         if vf and event.verify_tokens:
             self.costs.observe(rows, max(1, round(event.verify_tokens / rows)), vf)
-        for d, a in zip(event.drafted, event.accepted):  # conditional acceptance per depth
+        for d, a in zip(event.levels, event.accepted):  # conditional acceptance per depth (a tree's levels)
             for j in range(min(d, len(self.depth_rates))):
                 if j > a:
                     break
