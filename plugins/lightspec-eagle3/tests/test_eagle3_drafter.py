@@ -271,3 +271,26 @@ def test_a_gap_in_the_hidden_states_restarts_the_row(trained):
     assert d.kv.lengths == [2]
     _, fresh = _drafter(trained)
     torch.testing.assert_close(fresh.catch_up(later), got)
+
+
+def test_a_tree_that_starts_as_a_chain_branches_as_any_tree(trained):
+    """Nodes added one per call, each under the one before, take the chain's cheaper path;
+    a level that then branches sees exactly the ancestors a tree built with a mask from the
+    start gives it (here: the same nodes after a sibling that shares no ancestry)."""
+    target, d = _drafter(trained)
+    seq = [PROMPTS[4]]
+    d.tree_start(_Ctx(target, seq, d.hidden_layers))
+    d.tree_step(torch.tensor([[20]]), torch.tensor([[-1]]))
+    d.tree_step(torch.tensor([[40]]), torch.tensor([[0]]))
+    fork = d.tree_step(torch.tensor([[60, 70]]), torch.tensor([[1, 1]]))
+    after = d.tree_step(torch.tensor([[80]]), torch.tensor([[3]]))  # under 70
+    d.tree_commit(None)
+    d.reset()
+    d.tree_start(_Ctx(target, seq, d.hidden_layers))
+    d.tree_step(torch.tensor([[10, 20]]), torch.tensor([[-1, -1]]))  # 10 is no ancestor of what follows
+    d.tree_step(torch.tensor([[40]]), torch.tensor([[1]]))
+    fork2 = d.tree_step(torch.tensor([[60, 70]]), torch.tensor([[2, 2]]))
+    after2 = d.tree_step(torch.tensor([[80]]), torch.tensor([[4]]))
+    fin = torch.isfinite(fork2[0, 0])
+    for x, y in ((fork, fork2), (after, after2)):
+        torch.testing.assert_close(x[..., fin], y[..., fin], atol=1e-4, rtol=1e-4)

@@ -170,3 +170,43 @@ def test_pack_sends_chains_as_chains_and_trees_with_parents():
     tree = pack([[4, 5, 6], [7]], [[-1, -1, 0], [-1]], "cpu", "t")
     assert tree.parents.tolist() == [[-1, -1, 0], [-1, -1, -1]]
     assert pack([[], []], [[], []], "cpu", "t") is None
+
+
+class _TableDrafter:
+    """A tree drafter over a fixed transition table: the children of a node with token t are
+    ``logp[t]`` (V = 6), the root's are ``logp[0]``.  Records what it was given."""
+
+    def __init__(self):
+        inf = float("-inf")
+        p = torch.full((6, 6), 0.02)
+        p[0, 2], p[2, 4], p[4, 1], p[1, 5] = 0.9, 0.8, 0.3, 0.9  # the greedy chain 2, 4, 1, 5
+        self.logp = p.log()
+        self.logp[5] = inf  # nothing follows token 5
+        self.given = []
+
+    def tree_start(self, ctx):
+        self.given = []
+        return self.logp[[0] * ctx.batch]
+
+    def tree_step(self, tokens, parents):
+        self.given.append((tokens.tolist(), parents.tolist()))
+        return self.logp[tokens]
+
+
+@pytest.mark.parametrize("limits, min_conf, want, runs", [
+    ([8], 0.0, [[2, 4, 1, 5]], 4),       # the chain ends where the drafter has no next token
+    ([2], 0.0, [[2, 4]], 1),             # the budget cuts it (and the growth)
+    ([8], 0.5, [[2, 4, 1]], 2),          # 1 has p = 0.3 < 0.5: kept, then the chain stops, as a chain drafter does
+    ([8, 1], 0.0, [[2, 4, 1, 5], [2]], 4),
+])
+def test_the_one_wide_shape_drafts_the_greedy_chain_without_tree_bookkeeping(limits, min_conf, want, runs):
+    drafter = _TableDrafter()
+    tree = DynamicTree(drafter=drafter, depth=6, top_k=4, total_tokens=16)
+    ctx = SimpleNamespace(batch=len(limits), min_confidence=torch.tensor([min_conf] * len(limits)))
+    tokens, parents, conf, drafted = tree._expand(ctx, limits, (1, 6, 6))
+    assert tokens == want
+    assert parents == [list(range(-1, len(t) - 1)) for t in want]
+    assert conf[0] == pytest.approx([0.9, 0.8, 0.3, 0.9][: len(want[0])], rel=1e-5)
+    # `runs` tree_steps, one node per row each, each the child of the one before
+    assert [g[1] for g in drafter.given] == [[[j - 1]] * len(limits) for j in range(runs)]
+    assert drafted[0] == ([2, 4, 1, 5][:runs], list(range(-1, runs - 1)))

@@ -1,6 +1,6 @@
 """The ``eagle3`` strategy: an EAGLE-3 head drafting a chain from the target's hidden states,
 and the tree-expansion calls (``tree_start`` / ``tree_step`` / ``tree_commit``) that
-lightspec-tree's ``eagle3_tree`` builds dynamic trees with.  One file (just over 400 lines) because
+lightspec-tree's ``eagle3_tree`` builds dynamic trees with.  One file (about 440 lines) because
 the chain and the tree calls share the head's cache bookkeeping.
 
 The head keeps its own ``KVCache``: one entry per *pair* (feature of token t, token t + 1) at
@@ -277,6 +277,16 @@ class Eagle3Drafter:
         out[..., self.draft_ids] = d
         return out
 
+    def _target_logprobs(self, h: torch.Tensor) -> torch.Tensor:
+        """``log_softmax(target_logits(h))``, normalised over the draft vocabulary before it is
+        spread over the target's (the same values, half the work at 4,096 of 8,192 ids)."""
+        d = torch.log_softmax(self.impl.draft_logits(h).float(), -1)
+        if self.full_vocab:
+            return d
+        out = d.new_full((*d.shape[:-1], self.vocab), float("-inf"))
+        out[..., self.draft_ids] = d
+        return out
+
     # -- chain drafting -------------------------------------------------------------------------------
 
     def _advance(self, tok: torch.Tensor, h: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
@@ -371,8 +381,9 @@ class Eagle3Drafter:
                 "committed": self.kv.valid[:, : self.kv.cols].clone(),
                 "anc": torch.zeros(B, 0, 0, dtype=torch.bool, device=ctx.device),
                 "root_pos": torch.tensor(self.fed, device=ctx.device) - 1,
+                "chain": 0,  # nodes added as a chain (each the child of the one before) and no others
             }
-            return torch.log_softmax(self.target_logits(h), -1)
+            return self._target_logprobs(h)
 
     def tree_step(self, tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         """Add F nodes per row: ``tokens [B, F]`` int64 and ``parents [B, F]`` int64 (indices of
@@ -383,14 +394,27 @@ class Eagle3Drafter:
         if self.tree is None:
             raise LightSpecError("eagle3: tree_step before tree_start")
         t = self.tree
-        n_old = t["anc"].shape[1]
         B, F = tokens.shape
         dev = tokens.device
         if parents.shape != tokens.shape:
             raise LightSpecError(f"eagle3 tree_step: parents {tuple(parents.shape)} and tokens {tuple(tokens.shape)} differ")
+        n_old = t["chain"] or t["anc"].shape[1]
         if bool((parents >= n_old).any()) or bool((parents < -1).any()):
             raise LightSpecError(f"eagle3 tree_step: parents must be -1 or index one of the {n_old} earlier nodes")
         with torch.inference_mode():
+            if F == 1 and t["chain"] == n_old and bool((parents == n_old - 1).all()):
+                # the tree is a chain so far: append the node as the chain drafter does (the cache's
+                # causal mask and positions are the tree's here), with no tree mask to build
+                self.runner.features = self.head.feedback(t["h"][-1][:, -1])[:, None]
+                hidden = self.kv.forward(tokens, None).hidden
+                t["h"].append(hidden)
+                t["depth"].append(t["depth"][-1][:, -1:] + 1)
+                t["chain"] += 1
+                return self._target_logprobs(hidden)
+            if t["chain"]:  # leaving the chain: its ancestor rows, each node over itself and those before
+                n = t["chain"]
+                t["anc"] = torch.ones(n, n, dtype=torch.bool, device=dev).tril().expand(B, n, n).contiguous()
+                t["chain"] = 0
             h_all = torch.cat(t["h"], 1)  # [B, 1 + n_old, H]: root, then the nodes
             depth_all = torch.cat(t["depth"], 1)
             src = parents + 1  # 0 = the root
@@ -408,7 +432,7 @@ class Eagle3Drafter:
             t["h"].append(out.hidden)
             t["depth"].append(depth)
             t["anc"] = anc
-            return torch.log_softmax(self.target_logits(out.hidden), -1)
+            return self._target_logprobs(out.hidden)
 
     def tree_commit(self, path=None) -> None:
         """End the tree: its nodes leave the head's cache (the accepted ones are fed again, with

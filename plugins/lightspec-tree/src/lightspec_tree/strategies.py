@@ -11,6 +11,7 @@ new tokens of ``ctx.sequences`` down the previous tree.
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -171,6 +172,8 @@ class DynamicTree(TreeStrategy):
         K, D, T = shape
         D = min(D, max(limits))  # a row never keeps more levels than its node budget
         gate = _confidence_gate(ctx, len(limits))
+        if K == 1:
+            return self._expand_chain(ctx, limits, min(D, T), gate)
         lp = self.drafter.tree_start(ctx).float()  # [B, V]
         B, dev = lp.shape[0], lp.device
         score, tok = lp.topk(min(K, lp.shape[-1]), dim=-1)  # the first level: [B, K]
@@ -213,6 +216,39 @@ class DynamicTree(TreeStrategy):
         return out_t, out_p, conf, drafted
 
 
+    def _expand_chain(self, ctx, limits: list[int], D: int, gate):
+        """The one-wide shape: the same drafts as ``_expand`` gives it (each level's best child,
+        grown until every row's newest token is below its confidence gate; a row keeps its
+        first ``limits[b]`` nodes with a finite score), without a tree's bookkeeping, so a
+        tree strategy that chose its chain costs what the chain drafter costs."""
+        lp = self.drafter.tree_start(ctx).float()  # [B, V]
+        score, tok = lp.topk(1, dim=-1)  # [B, 1]: the first level
+        floor = gate[:, 0].tolist() if gate is not None else [float("-inf")] * len(limits)
+        step_lp, toks = [score[:, 0].tolist()], [tok]  # per level: each row's log-probability given its parent
+        for j in range(D - 1):
+            # a row goes on while its newest node is finite and (with a gate) confident enough
+            if not any(v >= f and v != float("-inf") for v, f in zip(step_lp[-1], floor)):
+                break
+            lp = self.drafter.tree_step(tok, torch.full_like(tok, j - 1)).float()[:, 0]  # [B, V]
+            score, tok = lp.topk(1, dim=-1)
+            step_lp.append(score[:, 0].tolist())
+            toks.append(tok)
+        step_lp = [list(r) for r in zip(*step_lp)]  # [B, levels]
+        all_toks = torch.cat(toks, 1).tolist()
+        steps = step_lp[0]
+        grown = len(steps) - 1  # nodes given to the drafter (the last level is drafted, never run)
+        out_t, out_p, conf, drafted = [], [], [], []
+        for b, n in enumerate(limits):
+            keep = 0
+            while keep < min(n, len(steps)) and step_lp[b][keep] != float("-inf"):
+                keep += 1
+            out_t.append(all_toks[b][:keep])
+            out_p.append(list(range(-1, keep - 1)))
+            conf.append([math.exp(x) for x in step_lp[b][:keep]])
+            drafted.append((all_toks[b][:grown], list(range(-1, grown - 1))))
+        return out_t, out_p, conf, drafted
+
+
 def _confidence_gate(ctx, B: int) -> torch.Tensor | None:
     """The budget's ``min_confidence`` per row as log-probabilities ``[B]``, or None when it
     stops nothing."""
@@ -234,8 +270,6 @@ def _any_confident(score: torch.Tensor, parent: torch.Tensor, frontier: torch.Te
 
 def _step_prob(scores: list[float], parents: list[int], j: int) -> float:
     """A node's probability given its parent (its cumulative score minus its parent's)."""
-    import math
-
     up = scores[parents[j]] if parents[j] >= 0 else 0.0
     return math.exp(scores[j] - up)
 
