@@ -138,3 +138,34 @@ def test_bubble_ratio_is_weighted_by_step_time_in_lockstep_and_alone():
 def test_a_method_without_timed_steps_has_no_bubble_ratio():
     d = bench.MethodResult("hf_vanilla", "hf").to_dict(None)
     assert d["bubble_ratio"] is None and d["bubble_ratio_lockstep"] is None
+
+
+@pytest.mark.parametrize("interleave", ["step", "step-mixed"])
+def test_hf_baselines_take_their_lockstep_turns_apart_from_lightspecs_methods(folders, tmp_path, capsys, monkeypatch,
+                                                                             interleave):
+    """By default HF's stock-model steps never run between two LightSpec steps (they slowed
+    every LightSpec step, a plain one most); ``step-mixed`` keeps the old single lockstep."""
+    target_dir, draft_dir = folders
+    groups = []
+    real = bench.run_lockstep
+
+    def recording(methods, *args, **kw):
+        groups.append([type(m).__name__ for m in methods])
+        return real(methods, *args, **kw)
+
+    monkeypatch.setattr(bench, "run_lockstep", recording)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("the cat the cat the cat\none two three one two three\n")
+    rc = main(["bench", "--model", target_dir, "--draft-model", draft_dir, "--prompts", str(prompts),
+               "--strategy", "none", "--strategy", "ngram", "--max-new-tokens", "3", "--interleave", interleave,
+               "--json", str(tmp_path / "b.json")])
+    assert rc == 0, capsys.readouterr().err
+    kinds = [set(g) for g in groups]
+    if interleave == "step":
+        assert kinds and all(len(k) == 1 for k in kinds), groups  # each lockstep holds one family
+        assert [k.pop() for k in kinds[:4]] == ["LightSpecMethod", "HFMethod", "HFMethod", "LightSpecMethod"]
+    else:
+        assert all(k == {"HFMethod", "LightSpecMethod"} for k in kinds), groups
+    report = json.loads((tmp_path / "b.json").read_text())
+    (w,) = report["runs"][0]["workloads"].values()
+    assert all(len(r["round_seconds"]) == 2 for r in w["results"]), "one round per batch of prompts"

@@ -35,7 +35,7 @@ def model_dir(tmp_path_factory):
         (["bench", "--suite", "weird"], "--suite 'weird' is unknown"),
         (["bench", "--suite", "default", "--repeat", "0"], "--repeat 0 is invalid"),
         (["bench", "--suite", "default", "--batch-repeat", "0"], "--batch-repeat 0 is invalid"),
-        (["bench", "--suite", "default", "--interleave", "token"], "--interleave 'token' is invalid; allowed: step, batch"),
+        (["bench", "--suite", "default", "--interleave", "token"], "--interleave 'token' is invalid; allowed: step, step-mixed, batch"),
         (["bench", "--suite", "default", "--limit", "0"], "--limit 0 is invalid: use an integer >= 1"),
         (["bench", "--suite", "default", "--limit", "-1"], "--limit -1 is invalid: use an integer >= 1"),
         (["run", "--threads", "0"], "--threads 0 is invalid: use an integer >= 1"),

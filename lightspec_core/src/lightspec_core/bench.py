@@ -122,8 +122,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
         raise LightSpecError(f"--batch-repeat {batch_repeat} is invalid: use an integer >= 1")
     if max_new_tokens < 1:
         raise LightSpecError(f"--max-new-tokens {max_new_tokens} is invalid: use an integer >= 1")
-    if interleave not in ("step", "batch"):
-        raise LightSpecError(f"--interleave {interleave!r} is invalid; allowed: step, batch")
+    if interleave not in ("step", "step-mixed", "batch"):
+        raise LightSpecError(f"--interleave {interleave!r} is invalid; allowed: step, step-mixed, batch")
     budgets = _budget_specs(budgets)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -248,7 +248,13 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
 
     * ``interleave="step"`` (the default): every method runs the same batch of prompts at
       the same time, in lockstep: one decoding step of each method in turn (``Lane``),
-      each timed on its own.  Peak memory then comes from extra, untimed runs of the
+      each timed on its own.  HF's baselines take their turns among themselves and
+      LightSpec's methods among themselves (the two groups one after the other, in turns
+      from round to round): HF's steps run stock copies of the models, and with them between
+      two LightSpec steps every LightSpec step ran slower, a plain one most of all, which
+      inflated speculation's ratios to ``none`` (docs/benchmarks.md, "Lockstep with HF's
+      baselines").  ``"step-mixed"``: every method in one lockstep, as runs up to AM did.
+      Peak memory then comes from extra, untimed runs of the
       first batch per method, alone, after the timed runs (the lower of two), and the
       engine overhead of LightSpec methods from one more run of every batch, alone
       (``overhead_fraction``; the lockstep runs' figure is kept as
@@ -264,8 +270,8 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
     policy); by default they are unseeded, as requests usually are."""
     from tqdm import tqdm
 
-    if interleave not in ("step", "batch"):
-        raise LightSpecError(f"interleave={interleave!r} is invalid; allowed: step, batch")
+    if interleave not in ("step", "step-mixed", "batch"):
+        raise LightSpecError(f"interleave={interleave!r} is invalid; allowed: step, step-mixed, batch")
     methods: list = []
     if with_hf and bs == 1:
         hf_target, hf_draft = (hf_models.target, hf_models.draft) if hf_models else (target, draft)
@@ -298,9 +304,17 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
         for i, (r, c, chunk) in enumerate(rounds):
             order = round_order(methods, i)
             chunk_seed = None if seed is None else seed + c * bs
-            if interleave == "step":
-                run_lockstep([m for m in order if m.result.name not in failed], chunk, max_new, chunk_seed, r == 0,
-                             dev, failed)
+            if interleave in ("step", "step-mixed"):
+                live = [m for m in order if m.result.name not in failed]
+                if interleave == "step-mixed":
+                    groups = [live]
+                else:  # HF's stock models between two LightSpec steps would slow every LightSpec step
+                    hf = [m for m in live if not isinstance(m, LightSpecMethod)]
+                    ls = [m for m in live if isinstance(m, LightSpecMethod)]
+                    groups = [hf, ls] if i % 2 else [ls, hf]
+                for group in groups:
+                    if group:
+                        run_lockstep(group, chunk, max_new, chunk_seed, r == 0, dev, failed)
                 bar.update(len(chunk) * len(order))
                 continue
             for m in order:
@@ -315,7 +329,7 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
                         res.round_tokens.append(res.tokens - before[0])
                         res.round_seconds.append(res.seconds - before[1])
                 bar.update(len(chunk))
-    if interleave == "step":
+    if interleave != "batch":
         # after the timed runs, as the batch mode measures during them: the allocator has
         # grown its heap by then, so no method is charged for growing it first
         for m in methods:

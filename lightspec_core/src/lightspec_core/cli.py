@@ -297,7 +297,9 @@ def strategies(as_json):
                    "batch there, so its ratios are the noisiest and the runs the cheapest to repeat.")
 @click.option("--interleave", default="step", show_default=True,
               help="step: run all methods on each batch of prompts at once, one decoding step of each in turn, "
-                   "each timed on its own (steadiest ratios); batch: one method after the other per batch.")
+                   "each timed on its own (steadiest ratios), HF's baselines and LightSpec's methods as two groups; "
+                   "step-mixed: all methods in one lockstep (runs up to AM; HF's steps slow LightSpec's); "
+                   "batch: one method after the other per batch.")
 @click.option("--control/--no-control", default=True, show_default=True,
               help="Batched runs: also measure a second `none` pipeline, which shows how far two identical methods differ here.")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (1 gives the steadiest timings on a shared CPU).")

@@ -20,8 +20,10 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
         + (f"; CPU {m['cpu']}, LightSpec CPU kernels {m['cpu_kernels']}" if m.get("cpu") else ""),
         f"- python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         f"- max new tokens {report['max_new_tokens']}; every batch run {report.get('repeat', 1)}× "
-        + ("(the methods in lockstep: one decoding step of each in turn, each timed on its own)"
-           if report.get("interleave") == "step" else "(interleaved batch by batch)")
+        + ({"step": "(the methods in lockstep: one decoding step of each in turn, each timed on its own; HF's "
+                    "baselines and LightSpec's methods as two lockstep groups, one after the other)",
+            "step-mixed": "(all methods in one lockstep: one decoding step of each in turn, each timed on its own)"}
+           .get(report.get("interleave"), "(interleaved batch by batch)"))
         + (f", batched runs {report['batch_repeat']}×" if report.get("batch_repeat", report.get("repeat", 1)) != report.get("repeat", 1) else "")
         + "; "
         f"sampled runs {'seeded from ' + str(report['seed']) if report.get('seed') is not None else 'unseeded'}; "
@@ -33,13 +35,14 @@ def write_markdown(report: dict, path: str, title: str = "Benchmark results") ->
                  + ("; `none (control)` is a second, identical `none` pipeline" if any(
                      r["name"] == "none (control)" for run in report["runs"] for w in run["workloads"].values()
                      for r in w["results"]) else ""))
-    if report.get("interleave") == "step":
+    if report.get("interleave") in ("step", "step-mixed"):
         lines.append("- overhead: wall time outside model forwards per step, from one more run of every batch with "
                      "the method alone (in lockstep the other methods' steps evict its caches between its steps; "
                      "that figure is `overhead_fraction_lockstep` in the JSON)")
     lines.append("- bubble: the share of the steps' wall time in which neither a drafter nor the target computed "
                  "(step events' `bubble_ratio` weighted by step time"
-                 + ("; from the runs alone, `bubble_ratio_lockstep` in the JSON)" if report.get("interleave") == "step" else ")"))
+                 + ("; from the runs alone, `bubble_ratio_lockstep` in the JSON)"
+                    if report.get("interleave") in ("step", "step-mixed") else ")"))
     lines += [f"- {note}" for note in report.get("notes", [])]
     if report.get("stats_report"):
         sr = report["stats_report"]
