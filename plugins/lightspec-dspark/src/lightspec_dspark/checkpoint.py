@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .config import CheckpointError, DSparkConfig, check_fits_target, read_config
-from .model import OWN, DSparkDraft
+from .model import OWN, DSparkDraft, SharedRows
 
 WEIGHTS = "model.safetensors"
 # tensors some exporters write that the drafter does not use (training-only or placeholders)
@@ -38,16 +38,17 @@ def load_drafter(folder: str | Path, target, dtype: torch.dtype = torch.float32,
     cfg, _ = read_config(folder)
     state = read_weights(folder)
     own_embed, own_head = "embed_tokens.weight" in state, "lm_head.weight" in state
-    if cfg.out_vocab < cfg.vocab_size:
-        for key in ("lm_head.weight", "d2t"):
-            if key not in state:
-                raise CheckpointError(f"{folder}: draft_vocab_size={cfg.draft_vocab_size} < vocab_size={cfg.vocab_size} "
-                                      f"needs the tensor {key!r}, which the checkpoint lacks")
+    if cfg.out_vocab < cfg.vocab_size and "d2t" not in state:
+        raise CheckpointError(f"{folder}: draft_vocab_size={cfg.draft_vocab_size} < vocab_size={cfg.vocab_size} "
+                              f"needs the tensor 'd2t', which the checkpoint lacks")
     check_fits_target(cfg, target.config, shares_embeddings=not own_embed)
     t_embed, t_head = target.get_input_embeddings(), target.get_output_embeddings()
     if not own_head and t_head is None:
         raise CheckpointError(f"{folder}: no lm_head in the checkpoint and the target has none to share")
-    model = DSparkDraft(cfg, embed_tokens=OWN if own_embed else t_embed, lm_head=OWN if own_head else t_head)
+    head = OWN if own_head else t_head
+    if not own_head and cfg.out_vocab < cfg.vocab_size:  # a reduced vocabulary over the shared lm_head
+        head = SharedRows(t_head, _draft_ids(folder, state["d2t"], cfg.out_vocab, t_head.weight.shape[0]))
+    model = DSparkDraft(cfg, embed_tokens=OWN if own_embed else t_embed, lm_head=head)
     expected = model.state_dict()
     for key, ref in expected.items():
         if key not in state:
@@ -66,6 +67,17 @@ def load_drafter(folder: str | Path, target, dtype: torch.dtype = torch.float32,
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+def _draft_ids(folder: Path, d2t: torch.Tensor, size: int, vocab: int) -> torch.Tensor:
+    """Target ids ``i + d2t[i]`` of the draft vocabulary, checked against the target's ``vocab``."""
+    if tuple(d2t.shape) != (size,):
+        raise CheckpointError(f"{folder}: tensor 'd2t' has shape {list(d2t.shape)}, the config needs [{size}]")
+    ids = torch.arange(size) + d2t.long()
+    if size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+        raise CheckpointError(f"{folder}: 'd2t' maps draft ids to target ids {int(ids.min())}..{int(ids.max())}; "
+                              f"the target's lm_head has {vocab} rows")
+    return ids
 
 
 def save_drafter(model: DSparkDraft, folder: str | Path, base_config: dict | None = None,

@@ -1,4 +1,4 @@
-"""``lightspec dspark ...``: the plugin's CLI commands (``train``).  Heavy imports happen inside
+"""``lightspec dspark ...``: the plugin's CLI commands (``train``, ``shrink-vocab``).  Heavy imports happen inside
 the commands, so ``lightspec --help`` stays fast."""
 
 from __future__ import annotations
@@ -94,3 +94,56 @@ def train_cmd(target, out, data, exclude_list, taps, threads, as_json, **opts):
     click.echo(json.dumps(result) if as_json else
                f"saved {out} after {result['step']} steps (teacher-forced accepted length "
                f"{result.get('accepted_len_tf', float('nan')):.2f})")
+
+
+@dspark.command("shrink-vocab")
+@click.option("--drafter", "folder", required=True, help="The DSpark / DFlash checkpoint folder to restrict.")
+@click.option("--target", required=True, help="The drafter's target: a folder or hub id ('zoo' = the zoo target).")
+@click.option("--data", multiple=True, required=True,
+              help="Token files (.bin uint16, .npy) or text files whose token frequencies choose the kept tokens; "
+                   "ideally the target's own outputs. Repeatable.")
+@click.option("--draft-vocab", type=click.IntRange(1), required=True,
+              help="How many tokens to keep (the most frequent in --data).")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (public layout with d2t).")
+@click.option("--max-tokens", default=0, show_default=True, type=click.IntRange(0),
+              help="Read at most this many tokens of the data (0: all).")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def shrink_cmd(folder, target, data, draft_vocab, out, max_tokens, as_json):
+    """Restrict a trained drafter to the DRAFT_VOCAB most frequent tokens (a cheaper lm_head, no retraining)."""
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightspec_core import InvalidValueError
+
+    from .shrink import shrink_vocab
+
+    if target == "zoo":
+        import lightspec_zoo
+
+        target = str(lightspec_zoo.model_path())
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    tokenizer = None
+    parts = []
+    for path in data:
+        p = Path(path)
+        if not p.is_file():
+            raise InvalidValueError(f"--data {path!r}: no such file")
+        if p.suffix == ".bin":
+            parts.append(np.fromfile(p, dtype=np.uint16).astype(np.int64))
+        elif p.suffix == ".npy":
+            parts.append(np.load(p).reshape(-1).astype(np.int64))
+        else:
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(target)
+            parts.append(np.asarray(tokenizer(p.read_text(errors="replace"))["input_ids"], dtype=np.int64))
+    tokens = np.concatenate(parts)
+    if max_tokens:
+        tokens = tokens[:max_tokens]
+    summary = shrink_vocab(folder, model, tokens, draft_vocab, out)
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+    else:
+        click.echo(f"saved {summary['out']}: draft vocabulary {summary['was']} -> {summary['draft_vocab_size']} tokens, "
+                   f"covering {100 * summary['coverage']:.1f}% of the {summary['tokens_counted']:,} tokens counted")

@@ -218,6 +218,32 @@ class DSparkDraft(nn.Module):
         return ids if self.d2t is None else ids + self.d2t[ids]
 
 
+class SharedRows(nn.Module):
+    """The rows ``ids [n]`` of a shared output layer ``head`` (``weight [V, H]``): a reduced
+    draft vocabulary that borrows the target's ``lm_head`` keeps it shared (nothing is written
+    to the checkpoint) and gathers its rows once at load.  ``x [..., H] -> [..., n]``; through
+    lightspec-kernels' packed CPU matmul where it runs (float32 on the CPU, no autograd)."""
+
+    def __init__(self, head: nn.Module, ids: torch.Tensor):
+        super().__init__()
+        w = head.weight.detach()
+        self.register_buffer("weight", w[ids.to(w.device)].contiguous(), persistent=False)
+        bias = getattr(head, "bias", None)
+        self.register_buffer("bias", None if bias is None else bias.detach()[ids.to(w.device)].contiguous(),
+                             persistent=False)
+        self._fast = None
+        if w.device.type == "cpu" and w.dtype == torch.float32:
+            from lightspec_kernels import cpu_linear
+
+            if cpu_linear.available():
+                self._fast = cpu_linear.bind(cpu_linear.pack(self.weight), self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._fast is not None and x.dtype == torch.float32 and x.device.type == "cpu" and not torch.is_grad_enabled():
+            return self._fast(x)
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
 class _Own:
     """Marker: build the module (the checkpoint has its own weights)."""
 
