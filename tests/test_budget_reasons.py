@@ -113,3 +113,28 @@ def test_by_default_a_row_never_explores_and_bad_explore_after_values_are_named(
     for v in (-1, 2.5, True):
         with pytest.raises(ValueError, match=f"explore_after={v!r} is invalid: use an integer >= 0"):
             DynamicBudget(explore_after=v)
+
+
+@pytest.mark.parametrize("hints, rows, want", [
+    ({"ngram": 0.0, "draft_model": 0.16}, 1, "hold_free"),   # a union / hybrid of a free and a model drafter
+    ({"draft_model": 0.16}, 1, "hold"),                       # nothing free to go on with
+    ({"ngram": 0.0}, 1, "hold"),                              # the free drafter itself lost
+    ({"ngram": 0.0, "draft_model": 0.16}, 2, "hold"),         # a batch shares one verify: plain
+])
+def test_a_hold_lets_model_free_drafters_of_a_single_row_go_on(hints, rows, want):
+    """While the guard holds, a single row whose strategy has model-free drafters next to model
+    drafters lets the free ones draft (the model drafters are capped at 0 by source); every
+    other hold decodes plainly."""
+    p = DynamicBudget(beta=0.1, draft_cost=0.01, free_max_draft=12)
+    c = ctx([history(30, 3)] * rows)
+    p.lightspec_budget(c)  # the generation's first decision
+    calibrate(p, rows)
+    p.guard.hold = 3
+    c.draft_cost_hints = hints
+    b = p.lightspec_budget(c)
+    assert b.reason == want and p.guard.hold == 2
+    if want == "hold_free":
+        assert b.max_draft.tolist() == [12] and b.free_max_draft == [12]
+        assert b.by_source == {"draft_model": [0]}
+    else:
+        assert b.max_draft.tolist() == [0] * rows and not b.by_source

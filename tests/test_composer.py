@@ -335,6 +335,21 @@ def test_union_gives_each_component_its_own_cap_and_keeps_free_drafts():
     assert model.limits[-1] == [3] and len(fused.node_rows()[0]) == 3
 
 
+def test_cascade_keeps_each_component_within_its_own_cap():
+    """``cascade``: a later component drafts what the earlier ones left, cut to its per-source
+    cap (``Budget.by_source``); capped at 0 it is not run (e.g. while the budget holds the model
+    drafters and lets model-free ones go on: reason ``hold_free``)."""
+    reg = get_registry()
+    free, model = _Fixed("free", [5, 6]), _Fixed("model", [11, 12, 13, 14])
+    cascade = Combination("c", "cascade", [free, model], reg.create("fusion", "concat"))
+    cascade.lightspec_propose(ctx=_union_ctx(8, {"model": [0]}))
+    assert free.limits == [[8]] and model.limits == []
+    cascade.lightspec_propose(ctx=_union_ctx(8, {"model": [3]}))
+    assert model.limits == [[3]]  # 6 left after the free draft, the model's own cap 3
+    cascade.lightspec_propose(ctx=_union_ctx(8, {}))
+    assert model.limits[-1] == [6]
+
+
 def test_lazy_union_runs_a_component_only_where_the_drafts_before_it_are_short():
     """``lazy``: the model component is not run on a step where the free draft already reaches
     its limit, and is run (and merged) where the free draft is shorter."""

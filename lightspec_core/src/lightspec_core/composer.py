@@ -275,10 +275,11 @@ class Combination:
         prefix = None
         prefix_len = torch.zeros(ctx.batch, dtype=torch.long, device=ctx.device)
         for comp in self.components:
-            if max(budget) <= 0:
+            mine = self._limits(ctx, comp, budget)  # what is left, within the component's own cap
+            if max(mine) <= 0:
                 proposals.append(self._skipped(ctx, comp))
                 continue
-            sub = ctx.with_budget(torch.tensor(budget, device=ctx.device), list(budget))
+            sub = ctx.with_budget(torch.tensor(mine, device=ctx.device), list(mine))
             sub.prefix, sub.prefix_lengths = prefix, prefix_len if prefix is not None else None
             p = comp.lightspec_propose(ctx=sub)
             proposals.append(p)

@@ -14,7 +14,8 @@ Plain steps the policy takes on its own, each with its ``Budget.reason``:
   (``BATCH_CALIBRATION`` for a batch, one for a single row);
 * ``"refresh"``: a batch that speculated ``PLAIN_REFRESH`` steps in a row takes one plain
   step to renew the plain forward its costs are measured against;
-* ``"hold"``: the throughput guard saw speculation lose (``ThroughputGuard``);
+* ``"hold"``: the throughput guard saw speculation lose (``ThroughputGuard``); a single row
+  whose strategy also has model-free drafters lets those draft meanwhile (``"hold_free"``);
 * ``"recheck"``: a batch that chose k = 0 decides again only after ``RECHECK`` more plain
   steps, doubling up to ``MAX_RECHECK`` while it keeps choosing 0.
 
@@ -152,7 +153,7 @@ class DynamicBudget:
             return self._plain(B, ctx.device, "refresh")
         if guard.hold > 0:
             guard.hold -= 1
-            return self._plain(B, ctx.device, "hold")
+            return self._hold(ctx)
         if self.recheck > 0 and self.recheck_rows == B:
             self.recheck -= 1
             return self._plain(B, ctx.device, "recheck")
@@ -204,6 +205,21 @@ class DynamicBudget:
         free = [max(k, self.free_max_draft)] if B == 1 and self.free_max_draft > k else None
         return Budget(self._tensors.get((k,) * B, ctx.device), self._thresholds(ctx), by_source=by_source,
                       free_max_draft=free, reason=reason, estimates=estimates)
+
+    def _hold(self, ctx: StepContext) -> Budget:
+        """A step the guard holds: plain decoding, except that a single row whose strategy
+        combines model-free drafters (draft cost hint 0, e.g. n-gram lookup) with model
+        drafters lets the model-free ones draft (``"hold_free"``): the guard's loss was
+        measured on steps whose cost came from the model drafters, and a free draft costs
+        only its verify (docs/design/tree.md, "Why the lazy union falls behind ngram")."""
+        B = ctx.batch
+        hints = ctx.draft_cost_hints or {}
+        free = [s for s, h in hints.items() if h == 0]
+        if B != 1 or not free or len(free) == len(hints) or self.free_max_draft < 1:
+            return self._plain(B, ctx.device, "hold")
+        by_source = {s: [0] for s in hints if s not in free}
+        return Budget(self._tensors.get((self.free_max_draft,), ctx.device), self._thresholds(ctx),
+                      by_source=by_source, free_max_draft=[self.free_max_draft], reason="hold_free")
 
     def _explore(self, k: int, reason: str) -> tuple[int, str]:
         """A single row's model decision, or one exploratory 1-token draft after ``explore_after``
