@@ -1,6 +1,7 @@
 """The composer: YAML and Python combinations (switch, cascade) generate losslessly;
 strategy-file errors name the file, the key and what is allowed; project defaults from
-``lightspec.toml`` / ``[tool.lightspec]``."""
+``lightspec.toml`` / ``[tool.lightspec]``.  One file just over 400 lines: every combination kind's
+tests share the fixtures and fake components at its middle."""
 
 from __future__ import annotations
 

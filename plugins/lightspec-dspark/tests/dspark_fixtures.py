@@ -123,3 +123,16 @@ def write_checkpoint(folder: Path, target, *, kind: str = "dspark", markov_type:
     cfg.update(overrides or {})
     (folder / "config.json").write_text(json.dumps(cfg, indent=1))
     return folder
+
+
+class ToyTok:
+    """The tokenizer a pipeline needs around the tiny targets (96 ids, 0-2 special)."""
+
+    eos_token_id, pad_token_id, bos_token_id = 2, 0, 1
+    all_special_ids = [0, 1, 2]
+
+    def __len__(self):
+        return 96
+
+    def decode(self, ids, **_):
+        return " ".join(map(str, ids))

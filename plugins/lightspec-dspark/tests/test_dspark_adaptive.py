@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dspark_fixtures import hf_greedy, prompts, tiny_target, write_checkpoint
+from dspark_fixtures import ToyTok, hf_greedy, prompts, tiny_target, write_checkpoint
 from lightspec_dspark.adaptive import AdaptiveStrategy, node_survival, select_top_k, trim
 
 from lightspec_core import DraftProposal, MTPPipeline
@@ -76,15 +76,6 @@ def test_trim_a_tree_keeps_an_ancestor_closed_renumbered_tree():
     assert trim(chain, torch.tensor([[True, True, False], [True, False, False]])).node_rows() == [[1, 2], [4]]
 
 
-class _Tok:
-    eos_token_id, pad_token_id, bos_token_id = 2, 0, 1
-    all_special_ids = [0, 1, 2]
-
-    def __len__(self):
-        return 96
-
-    def decode(self, ids, **_):
-        return " ".join(map(str, ids))
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +87,7 @@ def target():
 def test_adaptive_is_lossless_at_batch_1_and_8(tmp_path, target, drafter):
     opts = {"checkpoint": str(write_checkpoint(tmp_path, target))} if drafter == "dspark" else {}
     strat = AdaptiveStrategy(drafter=drafter, options=opts)
-    pipe = MTPPipeline(target, _Tok(), strategy=strat, budget={"type": "static", "k": 4})
+    pipe = MTPPipeline(target, ToyTok(), strategy=strat, budget={"type": "static", "k": 4})
     ps = prompts(8, seed=11)
     refs = [hf_greedy(target, p, 12) for p in ps]
     assert pipe.generate([ps[1]], max_new_tokens=12, ignore_eos=True)[0].token_ids == refs[1]

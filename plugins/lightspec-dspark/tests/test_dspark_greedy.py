@@ -7,22 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from dspark_fixtures import hf_greedy, prompts, tiny_target, write_checkpoint
+from dspark_fixtures import ToyTok, hf_greedy, prompts, tiny_target, write_checkpoint
 
 from lightspec_core import MTPPipeline
 
 N_NEW = 12
 
 
-class _Tok:
-    eos_token_id, pad_token_id, bos_token_id = 2, 0, 1
-    all_special_ids = [0, 1, 2]
-
-    def __len__(self):
-        return 96
-
-    def decode(self, ids, **_):
-        return " ".join(map(str, ids))
 
 
 CASES = {
@@ -44,7 +35,7 @@ def target():
 def test_greedy_matches_hf_at_batch_1_and_8(tmp_path, target, case):
     ckpt = write_checkpoint(tmp_path / case, target, **CASES[case])
     strategy = "dflash" if case == "dflash" else "dspark"
-    pipe = MTPPipeline(target, _Tok(), strategy=strategy, checkpoint=str(ckpt), budget={"type": "static", "k": 4})
+    pipe = MTPPipeline(target, ToyTok(), strategy=strategy, checkpoint=str(ckpt), budget={"type": "static", "k": 4})
     ps = prompts(8, seed=3)
     refs = [hf_greedy(target, p, N_NEW) for p in ps]
     one = pipe.generate([ps[0]], max_new_tokens=N_NEW, ignore_eos=True)[0]
@@ -73,7 +64,7 @@ def test_inference_block_equals_the_training_layout(tmp_path, target):
 
     strat = Recording(checkpoint=str(ckpt))
     prompt = prompts(2, seed=5)[1]
-    MTPPipeline(target, _Tok(), strategy=strat, budget={"type": "static", "k": 4}).generate(
+    MTPPipeline(target, ToyTok(), strategy=strat, budget={"type": "static", "k": 4}).generate(
         [prompt], max_new_tokens=6, ignore_eos=True)
     d = strat.drafter
     for seq, drafted in seen[:3]:
@@ -116,9 +107,9 @@ def test_zoo_target_finds_the_zoo_head():
     assert out.token_ids == hf_greedy(zoo, tok("def add(a, b):\n    return")["input_ids"], 24)
     assert out.stats.accepted > 0  # the trained head drafts tokens the target keeps
     with pytest.raises(LightSpecError, match="checkpoint=PATH"):
-        MTPPipeline(tiny_target("llama"), _Tok(), strategy="dspark")
+        MTPPipeline(tiny_target("llama"), ToyTok(), strategy="dspark")
     # the zoo's plain draft LM (what from_pretrained() passes by default) is no DSpark folder:
     # the zoo head is still found; on another target the error names the draft model
     pipe = MTPPipeline(zoo, tok, strategy="dspark", draft_model=str(lightspec_zoo.model_path("draft")))
     with pytest.raises(LightSpecError, match="no DSpark/DFlash folder"):
-        MTPPipeline(tiny_target("llama"), _Tok(), strategy="dspark", draft_model=str(lightspec_zoo.model_path("draft")))
+        MTPPipeline(tiny_target("llama"), ToyTok(), strategy="dspark", draft_model=str(lightspec_zoo.model_path("draft")))

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from dspark_fixtures import hf_greedy, prompts, tiny_target, write_checkpoint
+from dspark_fixtures import ToyTok, hf_greedy, prompts, tiny_target, write_checkpoint
 from lightspec_dspark.checkpoint import load_drafter
 from lightspec_dspark.config import CheckpointError
 from lightspec_dspark.model import SharedRows
@@ -24,15 +24,6 @@ def target():
     return tiny_target("qwen3")
 
 
-class _Tok:
-    eos_token_id, pad_token_id, bos_token_id = 2, 0, 1
-    all_special_ids = [0, 1, 2]
-
-    def __len__(self):
-        return 96
-
-    def decode(self, ids, **_):
-        return " ".join(map(str, ids))
 
 
 def _logits(d, target, seed=0):
@@ -67,7 +58,7 @@ def test_kept_tokens_keep_their_logits_and_decoding_stays_lossless(tmp_path, tar
     lo, lo_ids = _logits(small, target)
     where = torch.searchsorted(big_ids, lo_ids)
     torch.testing.assert_close(lo, big[..., where], atol=2e-3, rtol=2e-3)  # float16 on disk, as the source
-    pipe = MTPPipeline(target, _Tok(), strategy="dspark", checkpoint=str(tmp_path / "small"),
+    pipe = MTPPipeline(target, ToyTok(), strategy="dspark", checkpoint=str(tmp_path / "small"),
                        budget={"type": "static", "k": 4})
     ps = prompts(4, seed=5)
     out = pipe.generate(ps, max_new_tokens=12, ignore_eos=True)
