@@ -115,16 +115,15 @@ def test_by_default_a_row_never_explores_and_bad_explore_after_values_are_named(
             DynamicBudget(explore_after=v)
 
 
-@pytest.mark.parametrize("hints, rows, want", [
-    ({"ngram": 0.0, "draft_model": 0.16}, 1, "hold_free"),   # a union / hybrid of a free and a model drafter
-    ({"draft_model": 0.16}, 1, "hold"),                       # nothing free to go on with
-    ({"ngram": 0.0}, 1, "hold"),                              # the free drafter itself lost
-    ({"ngram": 0.0, "draft_model": 0.16}, 2, "hold"),         # a batch shares one verify: plain
+@pytest.mark.parametrize("hints, rows", [
+    ({"ngram": 0.0, "draft_model": 0.16}, 1),  # a union / hybrid of a free and a model drafter
+    ({"draft_model": 0.16}, 1),
+    ({"ngram": 0.0}, 1),
+    ({"ngram": 0.0, "draft_model": 0.16}, 2),
 ])
-def test_a_hold_lets_model_free_drafters_of_a_single_row_go_on(hints, rows, want):
-    """While the guard holds, a single row whose strategy has model-free drafters next to model
-    drafters lets the free ones draft (the model drafters are capped at 0 by source); every
-    other hold decodes plainly."""
+def test_the_strategys_hold_decodes_plainly(hints, rows):
+    """The strategy's own guard holds plain decoding, whatever its drafters (for a mixed single
+    row that window holds only the steps where nothing but free drafters drafted)."""
     p = DynamicBudget(beta=0.1, draft_cost=0.01, free_max_draft=12)
     c = ctx([history(30, 3)] * rows)
     p.lightspec_budget(c)  # the generation's first decision
@@ -132,9 +131,31 @@ def test_a_hold_lets_model_free_drafters_of_a_single_row_go_on(hints, rows, want
     p.guard.hold = 3
     c.draft_cost_hints = hints
     b = p.lightspec_budget(c)
-    assert b.reason == want and p.guard.hold == 2
+    assert b.reason == "hold" and p.guard.hold == 2
+    assert b.max_draft.tolist() == [0] * rows and not b.by_source
+
+
+@pytest.mark.parametrize("hints, rows, want", [
+    ({"ngram": 0.0, "draft_model": 0.16}, 1, "hold_free"),  # a union / hybrid of a free and a model drafter
+    ({"draft_model": 0.16}, 1, "model"),                    # no free drafter: the model guard does not apply
+    ({"ngram": 0.0}, 1, "model"),
+    ({"ngram": 0.0, "draft_model": 0.16}, 2, "model"),      # a batch shares one verify: one guard
+])
+def test_the_model_drafters_hold_lets_a_single_rows_free_drafters_go_on(hints, rows, want):
+    """While the model drafters' guard holds, a single row whose strategy has model-free
+    drafters next to model drafters lets the free ones draft (the model drafters are capped at
+    0 by source); it does not apply to any other strategy or to batches."""
+    p = DynamicBudget(beta=0.1, draft_cost=0.01, free_max_draft=12)
+    c = ctx([history(30, 3)] * rows)
+    p.lightspec_budget(c)
+    calibrate(p, rows)
+    p.guard.model_hold = 3
+    c.draft_cost_hints = hints
+    b = p.lightspec_budget(c)
+    assert b.reason == want
     if want == "hold_free":
+        assert p.guard.model_hold == 2
         assert b.max_draft.tolist() == [12] and b.free_max_draft == [12]
         assert b.by_source == {"draft_model": [0]}
     else:
-        assert b.max_draft.tolist() == [0] * rows and not b.by_source
+        assert p.guard.model_hold == 3

@@ -14,8 +14,10 @@ Plain steps the policy takes on its own, each with its ``Budget.reason``:
   (``BATCH_CALIBRATION`` for a batch, one for a single row);
 * ``"refresh"``: a batch that speculated ``PLAIN_REFRESH`` steps in a row takes one plain
   step to renew the plain forward its costs are measured against;
-* ``"hold"``: the throughput guard saw speculation lose (``ThroughputGuard``); a single row
-  whose strategy also has model-free drafters lets those draft meanwhile (``"hold_free"``);
+* ``"hold"``: the throughput guard saw speculation lose (``ThroughputGuard``);
+* ``"hold_free"``: a single row whose strategy mixes model-free and model drafters has a
+  guard over the model drafters' steps alone; while it holds, the free drafters draft and
+  the model drafters do not;
 * ``"recheck"``: a batch that chose k = 0 decides again only after ``RECHECK`` more plain
   steps, doubling up to ``MAX_RECHECK`` while it keeps choosing 0.
 
@@ -137,6 +139,9 @@ class DynamicBudget:
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
         self.deterministic = ctx.deterministic
+        hints = ctx.draft_cost_hints or {}
+        free = [s for s, h in hints.items() if h == 0]
+        self.guard.mixed = B == 1 and 0 < len(free) < len(hints)  # free and model drafters: two guards
         if ctx.deterministic:
             return self._reproducible(ctx, self._thresholds(ctx))
         self.last_k = 0
@@ -153,7 +158,10 @@ class DynamicBudget:
             return self._plain(B, ctx.device, "refresh")
         if guard.hold > 0:
             guard.hold -= 1
-            return self._hold(ctx)
+            return self._plain(B, ctx.device, "hold")
+        if guard.mixed and guard.model_hold > 0 and self.free_max_draft >= 1:
+            guard.model_hold -= 1
+            return self._hold_free(ctx, free)
         if self.recheck > 0 and self.recheck_rows == B:
             self.recheck -= 1
             return self._plain(B, ctx.device, "recheck")
@@ -206,18 +214,12 @@ class DynamicBudget:
         return Budget(self._tensors.get((k,) * B, ctx.device), self._thresholds(ctx), by_source=by_source,
                       free_max_draft=free, reason=reason, estimates=estimates)
 
-    def _hold(self, ctx: StepContext) -> Budget:
-        """A step the guard holds: plain decoding, except that a single row whose strategy
-        combines model-free drafters (draft cost hint 0, e.g. n-gram lookup) with model
-        drafters lets the model-free ones draft (``"hold_free"``): the guard's loss was
-        measured on steps whose cost came from the model drafters, and a free draft costs
-        only its verify (docs/design/tree.md, "Why the lazy union falls behind ngram")."""
-        B = ctx.batch
-        hints = ctx.draft_cost_hints or {}
-        free = [s for s, h in hints.items() if h == 0]
-        if B != 1 or not free or len(free) == len(hints) or self.free_max_draft < 1:
-            return self._plain(B, ctx.device, "hold")
-        by_source = {s: [0] for s in hints if s not in free}
+    def _hold_free(self, ctx: StepContext, free: list[str]) -> Budget:
+        """A step the model drafters' guard holds (a single row whose strategy combines
+        model-free drafters, draft cost hint 0 such as n-gram lookup, with model drafters):
+        the model drafters are capped at 0 by source and the free ones draft up to
+        ``free_max_draft`` (``"hold_free"``; docs/design/budget.md, "Guard")."""
+        by_source = {s: [0] for s in (ctx.draft_cost_hints or {}) if s not in free}
         return Budget(self._tensors.get((self.free_max_draft,), ctx.device), self._thresholds(ctx),
                       by_source=by_source, free_max_draft=[self.free_max_draft], reason="hold_free")
 

@@ -9,6 +9,13 @@
   (``record``: a decayed mean of spent / plain-equivalent time, across generations): a
   new generation of a kind that was losing starts held.  Batches also carry their hold
   and back-off into the next generation of their kind (``carried``).
+* A single row whose strategy mixes model-free drafters (n-gram lookup) with model drafters
+  has a second guard, over the model drafters alone: its steps where a model drafter
+  drafted fill their own window, judged the same way; a loss holds only the model drafters
+  (``model_hold`` steps, from ``GUARD_HOLD`` doubling up to ``MODEL_MAX_HOLD``) while the free
+  ones go on, and that hold and back-off carry into the next generation of the same kind.
+  The strategy's own window then holds only the steps where nothing but free drafters
+  drafted.
 * The same windows calibrate the cost model for batches: measured / modelled time of
   speculative steps (``cost_scale``, in [1, ``MAX_SCALE``]) scales the modelled cost of
   drafting; it decays back towards 1 while nothing drafts.
@@ -31,6 +38,7 @@ GUARD_WINDOW = 12  # speculative steps per throughput check
 GUARD_HOLD = 16  # plain steps after a check that speculation lost
 GUARD_MAX_HOLD = 128
 BATCH_MAX_HOLD = 512  # a batch's hold and back-off carry across generations
+MODEL_MAX_HOLD = 512  # a held model drafter costs the free drafters nothing, and carries across generations
 GUARD_MEMORY = 0.5  # weight of the newest window in the per-kind record of checks
 SCALE_DECAY = 0.95  # per plain step: an unmeasured cost scale drifts back towards 1
 MAX_MARGIN = 2.0  # the most modelled gain a batch can be asked for before it drafts
@@ -73,12 +81,20 @@ class ThroughputGuard:
         # this generation's plain steps' wall times per cost key
         self.plain_times: dict[tuple[int, bool], deque[float]] = {}
         self.gen: Generation | None = None
+        # the model drafters' own guard (a single row whose strategy also has free drafters)
+        self.mixed = False  # set by the policy at each decision
+        self.model_window: deque[tuple[float, float, float, float]] = deque(maxlen=GUARD_WINDOW)
+        self.model_hold = 0
+        self.model_backoff = GUARD_HOLD
+        self.model_carried: dict[Kind, tuple[int, int]] = {}
 
     def start_generation(self, kind: Kind) -> None:
         """A new generation's first decision: start held where this kind has been losing."""
         self.kind = kind
         if self.enabled and kind in self.carried:
             self.hold, self.backoff = self.carried[kind]
+        if self.enabled and kind in self.model_carried:
+            self.model_hold, self.model_backoff = self.model_carried[kind]
         if self.enabled and self.record.get(kind, 0.0) > 1.0:
             self.hold = max(self.hold, GUARD_HOLD)
 
@@ -88,9 +104,13 @@ class ThroughputGuard:
         self.plain_times.clear()
         if self.kind is not None and self.kind[0]:
             self.carried[self.kind] = (self.hold, self.backoff)
+        if self.kind is not None:
+            self.model_carried[self.kind] = (self.model_hold, self.model_backoff)
         self.spec_window.clear()
         self.hold = 0
         self.backoff = GUARD_HOLD
+        self.model_hold = 0
+        self.model_backoff = GUARD_HOLD
 
     def scale(self) -> float:
         """The current kind's cost scale (1 where unmeasured)."""
@@ -144,7 +164,11 @@ class ThroughputGuard:
             return
         # one row keeps the model's reference: its plain steps are rare while it speculates
         ref = self.plain_reference(rows) if rows > 1 else t1 * median(self.plain_ratio)
-        self.spec_window.append((sum(event.emitted) / rows, event.step_time_s, self.cost.modelled_cost(event), ref))
+        sample = (sum(event.emitted) / rows, event.step_time_s, self.cost.modelled_cost(event), ref)
+        if rows == 1 and self.mixed and any(n > 0 for _, n in event.draft_by_source.values()):
+            self._check_model(sample)
+            return
+        self.spec_window.append(sample)
         if len(self.spec_window) < GUARD_WINDOW:
             return
         plain_step = t1 * median(self.plain_ratio)  # the cost model's plain step
@@ -164,6 +188,21 @@ class ThroughputGuard:
             self.backoff = min(2 * self.backoff, BATCH_MAX_HOLD if kind and kind[0] else GUARD_MAX_HOLD)
         else:
             self.backoff = GUARD_HOLD
+
+    def _check_model(self, sample: tuple[float, float, float, float]) -> None:
+        """A single row's step where a model drafter drafted, next to free drafters: a full
+        window that took longer than plain decoding of its tokens holds the model drafters."""
+        self.model_window.append(sample)
+        if len(self.model_window) < GUARD_WINDOW:
+            return
+        spent = sum(t for _, t, _, _ in self.model_window)
+        plain = sum(n * ref for n, _, _, ref in self.model_window)
+        self.model_window.clear()
+        if spent > plain:
+            self.model_hold = self.model_backoff
+            self.model_backoff = min(2 * self.model_backoff, MODEL_MAX_HOLD)
+        else:
+            self.model_backoff = GUARD_HOLD
 
     def end_generation(self) -> None:
         """Judge the generation that just ended, if it was a batch that speculated: its
