@@ -26,6 +26,20 @@ def test_ngram_ceiling_replays_latest_and_oracle_lookup():
     assert nc.tokens_per_verify(prompt, out, k=1, oracle=True) == (3, 2)
 
 
+def test_ngram_ceiling_policies_pick_their_occurrence():
+    nc = load("ngram_ceiling")
+    # the suffix 4-gram 2 3 4 5 occurs twice: first after 1 (agreeing 5 tokens back, then 6),
+    # later after 0 (agreeing 4 back, then 7)
+    seq = [1, 2, 3, 4, 5, 6, 0, 2, 3, 4, 5, 7, 1, 2, 3, 4, 5]
+    assert nc.draft(seq, 1, "latest") == [7]
+    assert nc.draft(seq, 1, "longest_back") == [6]
+    assert nc.draft(seq, 2, "latest8") == [6, 0]  # the 5-gram 1 2 3 4 5 matches the first
+    # vote: 5 was followed by 1 twice and by 2 once; then 7 and 6 tie and the latest wins
+    assert nc.draft([5, 1, 6, 5, 1, 7, 5, 2, 4, 5], 2, "vote") == [1, 7]
+    assert nc.draft([1, 2, 3], 4, "vote") == [] and nc.draft([1, 2, 3], 4, "latest") == []
+    assert nc.tokens_per_verify([5, 1, 2, 5, 3, 4, 5], [1, 2, 8], k=16, policy="oracle") == (3, 1)
+
+
 def test_bench_targets_judges_the_batch_target_as_one_family():
     """scripts/bench_targets.py: a cell 2% below `none` in noisy rounds is "below 1" on its own
     but not measurably slower among 50 cells; a cell 10% below in every round is."""
