@@ -256,6 +256,39 @@ def test_sampling_keeps_the_target_distribution(trained):
     assert _chi2([s[1:3] for s in base], [s[1:3] for s in other]) < 1e-3
 
 
+def test_a_zero_budget_keeps_the_states_and_the_next_draft_catches_up(trained):
+    """A composition hands a skipped head its new hidden states with a zero budget: the head
+    keeps them without a forward, and its next draft (fed every pair since at once) equals
+    the draft of a head that was fed them step by step."""
+    target, lazy = _drafter(trained)
+    _, eager = _drafter(trained)
+    seq = list(PROMPTS[6]) + [20, 21, 22, 23, 24]
+    first = _Ctx(target, [seq[:9]], lazy.hidden_layers)
+    lazy.lightspec_propose(ctx=first)
+    eager.lightspec_propose(ctx=_Ctx(target, [seq[:9]], eager.hidden_layers))
+    fed = list(lazy.fed)
+    for end in range(10, len(seq)):  # one committed token per step, each handed over once
+        for d in (lazy, eager):
+            ctx = _Ctx(target, [seq[:end]], d.hidden_layers)
+            ctx.hidden_states = {i: h[:, end - 2: end - 1] for i, h in ctx.hidden_states.items()}
+            ctx.hidden_positions, ctx.hidden_lengths = torch.tensor([end - 2]), torch.tensor([1])
+            if d is lazy:
+                ctx.max_draft_list = [0]
+                assert d.lightspec_propose(ctx=ctx) is None
+            else:
+                d.catch_up(ctx)
+    assert lazy.fed == fed and eager.fed != fed  # the skipped head ran no forward
+    assert len(lazy.pending) == len(seq) - 10  # nor its fc: the taps wait, unfused
+    last = _Ctx(target, [seq], lazy.hidden_layers)
+    last.hidden_states = {i: h[:, len(seq) - 2:] for i, h in last.hidden_states.items()}
+    last.hidden_positions, last.hidden_lengths = torch.tensor([len(seq) - 2]), torch.tensor([1])
+    got = lazy.lightspec_propose(ctx=last)
+    want = eager.lightspec_propose(ctx=last)
+    assert lazy.pending == [] and lazy.have == eager.have
+    assert torch.equal(got.tokens, want.tokens) and got.lengths.tolist() == want.lengths.tolist()
+    torch.testing.assert_close(got.confidence, want.confidence, atol=1e-4, rtol=1e-4)
+
+
 def test_a_gap_in_the_hidden_states_restarts_the_row(trained):
     """The engine keeps at most ~1k pending states per row; when earlier ones are gone the
     row's cache starts again from the first state it has (relative positions: RoPE does

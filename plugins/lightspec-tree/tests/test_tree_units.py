@@ -162,6 +162,32 @@ def test_dynamic_tree_grows_no_deeper_than_the_budget_and_its_confidence_rule(li
     assert len(tokens[0]) <= limit and tokens[0][0] == 3
 
 
+def test_a_zero_budget_still_hands_a_hidden_state_drafter_its_states():
+    """Inside a composition a skipped tree strategy is called with a zero budget so that a
+    drafter reading the target's hidden states gets them (they are handed over once); a
+    drafter without hidden states is not called."""
+    from lightspec_tree.strategies import DynamicTree
+
+    class Reader(_CountingDrafter):
+        hidden_layers = [1]
+
+        def __init__(self):
+            super().__init__()
+            self.handed = []
+
+        def lightspec_propose(self, ctx):
+            self.handed.append(list(ctx.max_draft_list))
+            return None
+
+    reader = Reader()
+    tree = DynamicTree(drafter=reader, adaptive=False)
+    ctx = SimpleNamespace(max_draft_list=[0, 0])
+    assert tree.lightspec_propose(ctx=ctx) is None and reader.handed == [[0, 0]]
+    plain = _CountingDrafter()
+    plain.lightspec_propose = lambda ctx: pytest.fail("called without hidden states")
+    assert DynamicTree(drafter=plain, adaptive=False).lightspec_propose(ctx=ctx) is None
+
+
 def test_pack_sends_chains_as_chains_and_trees_with_parents():
     from lightspec_tree.tree_build import pack
 

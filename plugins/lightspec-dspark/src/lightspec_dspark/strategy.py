@@ -91,6 +91,7 @@ class DSparkStrategy:
         self.require = require  # "dflash": refuse checkpoints with a Markov head
         self.drafter = None
         self.rows: dict[int, _RowContext] = {}
+        self.pending: list[tuple[torch.Tensor, list[int], list[int], list[int]]] = []
         self.cost_hint = 0.1
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -126,6 +127,9 @@ class DSparkStrategy:
 
     def reset(self) -> None:
         self.rows = {}
+        # states handed over with a zero budget, not ingested yet: (taps [B, n, L*H_t], first
+        # positions, lengths, request ids) per call, oldest first
+        self.pending: list[tuple[torch.Tensor, list[int], list[int], list[int]]] = []
 
     def draft_cost_hints(self) -> dict[str, float]:
         """Per draft token: the share of the target's parameters a block forward reads, over the block (timing-free)."""
@@ -133,25 +137,45 @@ class DSparkStrategy:
 
     # -- drafting -------------------------------------------------------------------------
 
-    def _ingest(self, ctx) -> None:
-        """Append the newly committed tokens' context keys/values to each row's store."""
-        lengths = [int(n) for n in ctx.hidden_lengths]
-        rows = [self.rows.setdefault(rid, _RowContext(len(self.drafter.layers))) for rid in ctx.row_ids]
-        for b, row in enumerate(rows):
-            if int(ctx.hidden_positions[b]) != row.length:
-                raise RuntimeError(f"request {ctx.row_ids[b]}: hidden states start at {int(ctx.hidden_positions[b])}, "
-                                   f"the drafter holds {row.length}")
-        if max(lengths, default=0) == 0:
-            return
+    def _tapped(self, ctx) -> tuple[torch.Tensor, list[int], list[int], list[int]] | None:
+        """The step's new states: (taps ``[B, n, L*H_t]``, first positions, lengths, request ids);
+        None when the step hands over none."""
+        if ctx.hidden_states is None or max((int(n) for n in ctx.hidden_lengths), default=0) == 0:
+            return None
         taps = torch.cat([ctx.hidden_states[i] for i in self.hidden_layers], dim=-1)
-        n = taps.shape[1]
-        positions = ctx.hidden_positions.to(taps.device).long()[:, None] + torch.arange(n, device=taps.device)
-        kv = self.drafter.context_kv(self.drafter.features(taps), positions)
-        for b, row in enumerate(rows):
-            if lengths[b]:
-                for layer, (k, v) in enumerate(kv):
-                    row.append(layer, k[b, :, : lengths[b]], v[b, :, : lengths[b]])
-                row.length += lengths[b]
+        return taps, [int(p) for p in ctx.hidden_positions], [int(n) for n in ctx.hidden_lengths], list(ctx.row_ids)
+
+    def _ingest(self, ctx) -> None:
+        """Append the newly committed tokens' context keys/values to each row's store: the states
+        kept from zero-budget calls and this step's, in order, through one ``fc`` and one
+        key/value projection per layer for all of them (the weights stream once, not per step)."""
+        entries, self.pending = self.pending, []
+        tapped = self._tapped(ctx)
+        if tapped is not None:
+            entries.append(tapped)
+        ahead: dict[int, int] = {}  # per request: its length once the entries before are appended
+        pieces: list[tuple[_RowContext, torch.Tensor, int]] = []  # (row, taps [n, L*H_t], first position)
+        for taps, firsts, lengths, rids in entries:
+            for b, rid in enumerate(rids):
+                row = self.rows.setdefault(rid, _RowContext(len(self.drafter.layers)))
+                have = ahead.get(rid, row.length)
+                if firsts[b] != have:
+                    raise RuntimeError(f"request {rid}: hidden states start at {firsts[b]}, the drafter holds {have}")
+                ahead[rid] = have + lengths[b]
+                if lengths[b]:
+                    pieces.append((row, taps[b, : lengths[b]], firsts[b]))
+        if not pieces:
+            return
+        x = torch.cat([t for _, t, _ in pieces])[None]  # [1, N, L*H_t]
+        positions = torch.cat([first + torch.arange(t.shape[0]) for _, t, first in pieces]).to(x.device)[None]
+        kv = self.drafter.context_kv(self.drafter.features(x), positions)
+        at = 0
+        for row, t, _ in pieces:
+            n = t.shape[0]
+            for layer, (k, v) in enumerate(kv):
+                row.append(layer, k[0, :, at: at + n], v[0, :, at: at + n])
+            row.length += n
+            at += n
 
     def _context(self, ctx, dtype, device):
         """Per layer ``(k, v)`` ``[B, nkv, T, hd]`` padded to the longest row, and ``valid [B, T]``."""
@@ -175,9 +199,14 @@ class DSparkStrategy:
     @hookimpl
     def lightspec_propose(self, ctx):
         limits = [min(self.block, m) for m in ctx.max_draft_list]
-        self._ingest(ctx)
         if max(limits) == 0:
+            # a composition's zero budget only hands over the new states: keep them for the
+            # next draft, which ingests them all at once
+            tapped = self._tapped(ctx)
+            if tapped is not None:
+                self.pending.append(tapped)
             return None
+        self._ingest(ctx)
         t0 = time.perf_counter()
         d, cfg = self.drafter, self.drafter.cfg
         B, dev, gamma = ctx.batch, ctx.device, max(limits)

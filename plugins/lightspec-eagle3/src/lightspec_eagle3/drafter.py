@@ -174,6 +174,9 @@ class Eagle3Drafter:
         self.restart: set[int] = set()  # requests whose states had a gap: their cache starts again
         self.last_h: torch.Tensor | None = None  # [B, H] output of each row's last committed pair
         self.tree = None
+        # taps handed over with a zero budget, not fused yet: (taps [B, n, L*H_t], first positions,
+        # lengths, request ids) per call, oldest first
+        self.pending: list[tuple[torch.Tensor, list[int], list[int], list[int]]] = []
 
     def draft_cost_hints(self) -> dict[str, float]:
         """Share of the target's parameters one draft token reads (the head, and the target's
@@ -182,14 +185,44 @@ class Eagle3Drafter:
 
     # -- committed pairs --------------------------------------------------------------------------
 
-    def _take_features(self, ctx) -> None:
+    def _tapped(self, ctx) -> tuple[torch.Tensor, list[int], list[int], list[int]] | None:
+        """The step's new hidden states as (taps ``[B, n, L*H_t]``, first positions, lengths,
+        request ids), or None when there are none."""
         if not self.hidden_layers or ctx.hidden_states is None:
-            return
+            return None
         taps = torch.cat([ctx.hidden_states[i] for i in self.hidden_layers], -1)
+        return taps, ctx.hidden_positions.tolist(), ctx.hidden_lengths.tolist(), list(ctx.row_ids)
+
+    def _keep_features(self, ctx) -> None:
+        """Keep the step's taps unfused until the next draft (a zero budget's hand-over): the
+        ``fc`` streams its weights once for all of them then, not once per step."""
+        tapped = self._tapped(ctx)
+        if tapped is not None:
+            self.pending.append(tapped)
+
+    def _take_features(self, ctx) -> None:
+        """Fuse the kept and the step's taps (one ``fc`` call over all of them) into each
+        request's feature store."""
+        entries, self.pending = self.pending, []
+        tapped = self._tapped(ctx)
+        if tapped is not None:
+            entries.append(tapped)
+        if not entries:
+            return
+        width = entries[0][0].shape[-1]
+        flat = torch.cat([t.reshape(-1, width) for t, *_ in entries]) if len(entries) > 1 else entries[0][0].reshape(-1, width)
         with torch.inference_mode():
-            g = self.impl.fuse(taps.to(self.head.fc.weight.dtype))  # [B, n, H]
-        for b, rid in enumerate(ctx.row_ids):
-            first, n = int(ctx.hidden_positions[b]), int(ctx.hidden_lengths[b])
+            fused = self.impl.fuse(flat.to(self.head.fc.weight.dtype))  # [sum B*n, H]
+        at = 0
+        for taps, firsts, lengths, rows in entries:
+            B, n = taps.shape[0], taps.shape[1]
+            self._store_features(fused[at: at + B * n].view(B, n, -1), firsts, lengths, rows)
+            at += B * n
+
+    def _store_features(self, g: torch.Tensor, firsts: list[int], lengths: list[int], rows: list[int]) -> None:
+        """Append fused features ``g [B, n, H]`` (row b's positions ``firsts[b]`` ..) to the store."""
+        for b, rid in enumerate(rows):
+            first, n = firsts[b], lengths[b]
             have = self.have.get(rid, 0)
             if n == 0 or first + n <= have:
                 continue
@@ -296,6 +329,12 @@ class Eagle3Drafter:
 
     @hookimpl
     def lightspec_propose(self, ctx) -> DraftProposal | None:
+        if max(ctx.max_draft_list, default=0) <= 0:
+            # a composition's zero budget only hands over the new hidden states: keep them, and
+            # feed the head at its next draft, in one forward over every pair since (a head
+            # forward per step cost a cascade ~0.5 ms a step while the head did not draft)
+            self._keep_features(ctx)
+            return None
         t0 = time.perf_counter()
         with torch.inference_mode():
             h = self.catch_up(ctx)

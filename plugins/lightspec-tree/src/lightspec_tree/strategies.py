@@ -108,6 +108,10 @@ class TreeStrategy:
     def lightspec_propose(self, ctx):
         limits = list(ctx.max_draft_list)
         if max(limits) <= 0:
+            # a composition's zero budget hands over hidden states once: a drafter that reads
+            # them (e.g. eagle3) must still get them, through its own zero-budget propose
+            if self.hidden_layers and hasattr(self.drafter, "lightspec_propose"):
+                self.drafter.lightspec_propose(ctx=ctx)
             return None
         t0 = time.perf_counter()
         self._commit_previous(ctx)
