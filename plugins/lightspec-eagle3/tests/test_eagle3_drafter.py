@@ -256,10 +256,14 @@ def test_sampling_keeps_the_target_distribution(trained):
     assert _chi2([s[1:3] for s in base], [s[1:3] for s in other]) < 1e-3
 
 
-def test_a_zero_budget_keeps_the_states_and_the_next_draft_catches_up(trained):
+@pytest.mark.parametrize("max_pending", [64, 2])
+def test_a_zero_budget_keeps_the_states_and_the_next_draft_catches_up(trained, monkeypatch, max_pending):
     """A composition hands a skipped head its new hidden states with a zero budget: the head
-    keeps them without a forward, and its next draft (fed every pair since at once) equals
-    the draft of a head that was fed them step by step."""
+    keeps them without a forward (at most ``MAX_PENDING`` steps unfused), and its next draft
+    (fed every pair since at once) equals the draft of a head that was fed them step by step."""
+    import lightspec_eagle3.drafter as drafter_module
+
+    monkeypatch.setattr(drafter_module, "MAX_PENDING", max_pending)
     target, lazy = _drafter(trained)
     _, eager = _drafter(trained)
     seq = list(PROMPTS[6]) + [20, 21, 22, 23, 24]
@@ -278,7 +282,7 @@ def test_a_zero_budget_keeps_the_states_and_the_next_draft_catches_up(trained):
             else:
                 d.catch_up(ctx)
     assert lazy.fed == fed and eager.fed != fed  # the skipped head ran no forward
-    assert len(lazy.pending) == len(seq) - 10  # nor its fc: the taps wait, unfused
+    assert len(lazy.pending) == (len(seq) - 10) % max_pending  # nor its fc: the taps wait, unfused
     last = _Ctx(target, [seq], lazy.hidden_layers)
     last.hidden_states = {i: h[:, len(seq) - 2:] for i, h in last.hidden_states.items()}
     last.hidden_positions, last.hidden_lengths = torch.tensor([len(seq) - 2]), torch.tensor([1])

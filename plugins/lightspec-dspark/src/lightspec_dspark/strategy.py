@@ -26,6 +26,8 @@ from .checkpoint import load_drafter
 from .config import CheckpointError, read_config
 
 ZOO_HEAD = "dspark"
+# a skipped drafter keeps at most this many steps' states unprocessed, then ingests them in one call
+MAX_PENDING = 64
 
 
 def zoo_head_for(target) -> Path | None:
@@ -91,6 +93,8 @@ class DSparkStrategy:
         self.require = require  # "dflash": refuse checkpoints with a Markov head
         self.drafter = None
         self.rows: dict[int, _RowContext] = {}
+        # states handed over with a zero budget, not ingested yet: (taps [B, n, L*H_t], first
+        # positions, lengths, request ids) per call, oldest first; at most MAX_PENDING
         self.pending: list[tuple[torch.Tensor, list[int], list[int], list[int]]] = []
         self.cost_hint = 0.1
 
@@ -127,9 +131,7 @@ class DSparkStrategy:
 
     def reset(self) -> None:
         self.rows = {}
-        # states handed over with a zero budget, not ingested yet: (taps [B, n, L*H_t], first
-        # positions, lengths, request ids) per call, oldest first
-        self.pending: list[tuple[torch.Tensor, list[int], list[int], list[int]]] = []
+        self.pending = []
 
     def draft_cost_hints(self) -> dict[str, float]:
         """Per draft token: the share of the target's parameters a block forward reads, over the block (timing-free)."""
@@ -147,12 +149,26 @@ class DSparkStrategy:
 
     def _ingest(self, ctx) -> None:
         """Append the newly committed tokens' context keys/values to each row's store: the states
-        kept from zero-budget calls and this step's, in order, through one ``fc`` and one
-        key/value projection per layer for all of them (the weights stream once, not per step)."""
+        kept from zero-budget calls, then this step's."""
         entries, self.pending = self.pending, []
         tapped = self._tapped(ctx)
         if tapped is not None:
             entries.append(tapped)
+        self._ingest_entries(entries)
+
+    def _keep(self, ctx) -> None:
+        """A zero budget's hand-over: keep the step's states for the next draft (ingested in
+        bulk once ``MAX_PENDING`` steps wait)."""
+        tapped = self._tapped(ctx)
+        if tapped is not None:
+            self.pending.append(tapped)
+        if len(self.pending) >= MAX_PENDING:
+            self._ingest_entries(self.pending)
+            self.pending = []
+
+    def _ingest_entries(self, entries: list[tuple[torch.Tensor, list[int], list[int], list[int]]]) -> None:
+        """The entries' states, in order, through one ``fc`` and one key/value projection per
+        layer for all of them (the weights stream once, not once per step)."""
         ahead: dict[int, int] = {}  # per request: its length once the entries before are appended
         pieces: list[tuple[_RowContext, torch.Tensor, int]] = []  # (row, taps [n, L*H_t], first position)
         for taps, firsts, lengths, rids in entries:
@@ -202,9 +218,7 @@ class DSparkStrategy:
         if max(limits) == 0:
             # a composition's zero budget only hands over the new states: keep them for the
             # next draft, which ingests them all at once
-            tapped = self._tapped(ctx)
-            if tapped is not None:
-                self.pending.append(tapped)
+            self._keep(ctx)
             return None
         self._ingest(ctx)
         t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """The ``eagle3`` strategy: an EAGLE-3 head drafting a chain from the target's hidden states,
 and the tree-expansion calls (``tree_start`` / ``tree_step`` / ``tree_commit``) that
-lightspec-tree's ``eagle3_tree`` builds dynamic trees with.  One file (about 440 lines) because
+lightspec-tree's ``eagle3_tree`` builds dynamic trees with.  One file (about 480 lines) because
 the chain and the tree calls share the head's cache bookkeeping.
 
 The head keeps its own ``KVCache``: one entry per *pair* (feature of token t, token t + 1) at
@@ -33,6 +33,9 @@ from .checkpoint import load_head
 from .config import read_config
 from .modeling import Eagle3Head
 from .packed import packed_head_for
+
+# a skipped head keeps at most this many steps' taps unfused, then fuses them in one call
+MAX_PENDING = 64
 
 
 class _CacheModel(nn.Module):
@@ -195,24 +198,30 @@ class Eagle3Drafter:
 
     def _keep_features(self, ctx) -> None:
         """Keep the step's taps unfused until the next draft (a zero budget's hand-over): the
-        ``fc`` streams its weights once for all of them then, not once per step."""
+        ``fc`` streams its weights once for all of them then, not once per step.  At most
+        ``MAX_PENDING`` steps wait: a head that keeps not drafting fuses them in bulk."""
         tapped = self._tapped(ctx)
         if tapped is not None:
             self.pending.append(tapped)
+        if len(self.pending) >= MAX_PENDING:
+            self._fuse(self.pending)
+            self.pending = []
 
     def _take_features(self, ctx) -> None:
-        """Fuse the kept and the step's taps (one ``fc`` call over all of them) into each
-        request's feature store."""
+        """Fuse the kept and the step's taps into each request's feature store."""
         entries, self.pending = self.pending, []
         tapped = self._tapped(ctx)
         if tapped is not None:
             entries.append(tapped)
-        if not entries:
-            return
+        if entries:
+            self._fuse(entries)
+
+    @torch.inference_mode()
+    def _fuse(self, entries: list[tuple[torch.Tensor, list[int], list[int], list[int]]]) -> None:
+        """One ``fc`` call over every entry's taps, then each entry's features into the store, in order."""
         width = entries[0][0].shape[-1]
-        flat = torch.cat([t.reshape(-1, width) for t, *_ in entries]) if len(entries) > 1 else entries[0][0].reshape(-1, width)
-        with torch.inference_mode():
-            fused = self.impl.fuse(flat.to(self.head.fc.weight.dtype))  # [sum B*n, H]
+        flat = torch.cat([t.reshape(-1, width) for t, *_ in entries])
+        fused = self.impl.fuse(flat.to(self.head.fc.weight.dtype))  # [sum of B * n, H]
         at = 0
         for taps, firsts, lengths, rows in entries:
             B, n = taps.shape[0], taps.shape[1]
@@ -331,8 +340,8 @@ class Eagle3Drafter:
     def lightspec_propose(self, ctx) -> DraftProposal | None:
         if max(ctx.max_draft_list, default=0) <= 0:
             # a composition's zero budget only hands over the new hidden states: keep them, and
-            # feed the head at its next draft, in one forward over every pair since (a head
-            # forward per step cost a cascade ~0.5 ms a step while the head did not draft)
+            # feed the head at its next draft, in one forward over every pair since
+            # (docs/design/eagle3.md, "Combinations and hidden states")
             self._keep_features(ctx)
             return None
         t0 = time.perf_counter()
