@@ -14,6 +14,12 @@
  * and the caller computes act = silu(gate) * up in between with PyTorch's own operations
  * (whose exp rounding this file does not reproduce).
  *
+ * ls_two_stream_layer is EAGLE-3's draft layer (its attention reads a token's embedding and
+ * a feature side by side), SwiGLU (ls_silu_mul) and final norm included, in one call: a
+ * draft token of the zoo's head was ~20 PyTorch operations and kernel calls, ~350 us on
+ * this CPU for ~50 us of arithmetic (docs/design/eagle3.md, "Drafting cost").  Drafts never
+ * change a generation's output, so its SwiGLU need not round as PyTorch's.
+ *
  * Numerics: it calls the very kernels the model's modules run (their entry points are
  * passed in as function pointers, each compiled with its own flags), on the same values in
  * the same order, so its results are those of the op-by-op forward bit for bit.
@@ -64,6 +70,43 @@ static inline void project(const ls_proj *p, const float *x, int64_t M, float *y
   p->fn(x, M, p->k, p->k, p->w, p->n, p->bias, y, p->n, M > 8 ? threads : 1);
 }
 
+/* Everything of a block after the input norm: qkv = x Wqkv (x [M, blk->qkv.k]), rotate q, k,
+ * write k, v into the cache slabs, attention, h += o(attn), x2 = norm2(h), gate_up = x2 Wgu.
+ * Arguments as ls_block_front's; the rest are its scratch areas (x2 [M, hidden] may be x). */
+static int block_body(const ls_model *m, const ls_block *blk, int64_t B, int64_t q, const int64_t *rows, int64_t M,
+                      int64_t cols, const int64_t *offsets, int64_t cap, float *k_slab, float *v_slab,
+                      const float *cos_, const float *sin_, const uint8_t *mask, float *h, const float *x, float *x2,
+                      float *t, float *qkvp, float *qkv, float *qk, float *attn, float *attnp, float *gate_up,
+                      int threads) {
+  const int64_t BQ = B * q, Hd = m->hidden, H = m->heads, G = m->kv_heads, D = m->head_dim;
+  const int64_t W = (H + 2 * G) * D, C = cols + q;
+  project(&blk->qkv, x, M, qkvp, threads);
+  if (rows) { /* spread the real tokens over their slots, zeros in the padding */
+    memset(qkv, 0, (size_t)(BQ * W) * sizeof(float));
+    for (int64_t j = 0; j < M; j++) memcpy(qkv + rows[j] * W, qkvp + j * W, (size_t)W * sizeof(float));
+  }
+  /* q and k heads of [B, q, H + 2G, D], viewed as [B, H + G, q, D] */
+  m->rotary(qkv, B, H + G, q, D, q * W, D, W, cos_, sin_, q * D, D, qk);
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t g = 0; g < G; g++)
+      for (int64_t i = 0; i < q; i++) {
+        const int64_t c = (offsets ? offsets[b] : cols) + i;
+        float *kd = k_slab + ((b * G + g) * cap + c) * D;
+        float *vd = v_slab + ((b * G + g) * cap + c) * D;
+        memcpy(kd, qk + ((b * (H + G) + H + g) * q + i) * D, (size_t)D * sizeof(float));
+        memcpy(vd, qkv + (b * q + i) * W + (H + G + g) * D, (size_t)D * sizeof(float));
+      }
+  int rc = m->attention(qk, B, H, q, D, (H + G) * q * D, q * D, D, k_slab, v_slab, G, C, G * cap * D, cap * D, D,
+                        G * cap * D, cap * D, D, mask, NULL, q * C, 0, C, 1, 1, m->scale, attn, q > 16 ? threads : 1);
+  if (rc) return rc;
+  if (rows)
+    for (int64_t j = 0; j < M; j++) memcpy(attnp + j * H * D, attn + rows[j] * H * D, (size_t)(H * D) * sizeof(float));
+  project(&blk->o, attnp, M, t, threads);
+  m->norm(h, Hd, t, Hd, h, Hd, M, Hd, blk->norm2, blk->eps2, x2, Hd);
+  project(&blk->gate_up, x2, M, gate_up, threads);
+  return 0;
+}
+
 /* Floats of scratch ls_block_front needs for B * q = BQ token slots. */
 int64_t ls_front_work(const ls_model *m, int64_t BQ) {
   const int64_t H = m->heads, G = m->kv_heads, D = m->head_dim;
@@ -93,7 +136,7 @@ int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_p
                    float *v_slab, const float *cos_, const float *sin_, const uint8_t *mask, float *h,
                    const float *act, float *record, float *work, float *gate_up, int threads) {
   const int64_t BQ = B * q, Hd = m->hidden, H = m->heads, G = m->kv_heads, D = m->head_dim;
-  const int64_t W = (H + 2 * G) * D, C = cols + q;
+  const int64_t W = (H + 2 * G) * D;
   float *x = work;                    /* [M, hidden] normed input of a projection */
   float *t = x + BQ * Hd;             /* [M, hidden] a projection's output */
   float *qkvp = t + BQ * Hd;          /* [M, W] the real tokens' q, k, v */
@@ -114,31 +157,8 @@ int ls_block_front(const ls_model *m, const ls_block *blk, const ls_proj *down_p
     m->norm(h, Hd, NULL, 0, NULL, 0, M, Hd, blk->norm1, blk->eps1, x, Hd);
   }
   if (record) memcpy(record, h, (size_t)(M * Hd) * sizeof(float));
-  project(&blk->qkv, x, M, qkvp, threads);
-  if (rows) { /* spread the real tokens over their slots, zeros in the padding */
-    memset(qkv, 0, (size_t)(BQ * W) * sizeof(float));
-    for (int64_t j = 0; j < M; j++) memcpy(qkv + rows[j] * W, qkvp + j * W, (size_t)W * sizeof(float));
-  }
-  /* q and k heads of [B, q, H + 2G, D], viewed as [B, H + G, q, D] */
-  m->rotary(qkv, B, H + G, q, D, q * W, D, W, cos_, sin_, q * D, D, qk);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t g = 0; g < G; g++)
-      for (int64_t i = 0; i < q; i++) {
-        const int64_t c = (offsets ? offsets[b] : cols) + i;
-        float *kd = k_slab + ((b * G + g) * cap + c) * D;
-        float *vd = v_slab + ((b * G + g) * cap + c) * D;
-        memcpy(kd, qk + ((b * (H + G) + H + g) * q + i) * D, (size_t)D * sizeof(float));
-        memcpy(vd, qkv + (b * q + i) * W + (H + G + g) * D, (size_t)D * sizeof(float));
-      }
-  int rc = m->attention(qk, B, H, q, D, (H + G) * q * D, q * D, D, k_slab, v_slab, G, C, G * cap * D, cap * D, D,
-                        G * cap * D, cap * D, D, mask, NULL, q * C, 0, C, 1, 1, m->scale, attn, q > 16 ? threads : 1);
-  if (rc) return rc;
-  if (rows)
-    for (int64_t j = 0; j < M; j++) memcpy(attnp + j * H * D, attn + rows[j] * H * D, (size_t)(H * D) * sizeof(float));
-  project(&blk->o, attnp, M, t, threads);
-  m->norm(h, Hd, t, Hd, h, Hd, M, Hd, blk->norm2, blk->eps2, x, Hd);
-  project(&blk->gate_up, x, M, gate_up, threads);
-  return 0;
+  return block_body(m, blk, B, q, rows, M, cols, offsets, cap, k_slab, v_slab, cos_, sin_, mask, h, x, x, t, qkvp, qkv,
+                    qk, attn, attnp, gate_up, threads);
 }
 
 /* 2^e for integer lanes e in [-126, 127]. */
@@ -217,4 +237,72 @@ void ls_block_tail(const ls_model *m, const ls_proj *down, const float *norm_w, 
   const int64_t Hd = m->hidden;
   project(down, act, M, work, threads);
   m->norm(h, Hd, work, Hd, h, Hd, M, Hd, norm_w, eps, out, Hd);
+}
+
+/* EAGLE-3's decoder layer (a "two-stream" block): the attention reads the 2 hidden-wide
+ * concatenation [norm_a(embed(ids)); norm1(g)] of a token's embedding and a feature g, the
+ * residual stream starts from g (or norm1(g) with norm_before_residual), and the rest is a
+ * Llama block (ls_block_front's body, SwiGLU, down) with the final norm after it:
+ *
+ *   a = [norm_a(embed[ids]); norm1(g)]   h = g or norm1(g)   qkv = a Wqkv   rotate q, k
+ *   write k, v into the slabs   attention   h += o(attn)   gate_up = norm2(h) Wgu
+ *   h += down(silu(gate) * up)   out = final_norm(h)
+ *
+ * ids [B, q] (int64, each < vocab), positions [B, q] (int64, each < n_pos): rows of the
+ * embedding table embed [vocab, hidden] and of the rotary tables cos_table, sin_table
+ * [n_pos, head_dim].  g [B q, hidden].  Cache, cols, cap and mask as ls_block_front's (no
+ * ragged rows, no offsets).  h, out [B q, hidden]: the layer's output and its final norm.
+ * work: ls_two_stream_work(B q) floats.  The block's qkv projection reads 2 hidden; its norm1
+ * is the feature's norm (EAGLE-3's hidden_norm), norm2 the post-attention norm.  inter % 16 == 0 (ls_silu_mul).  Returns 0, 1 (the attention could not allocate),
+ * 2 (an id >= vocab) or 3 (a position >= n_pos); nothing is written to the cache before
+ * the ids and positions are checked. */
+typedef struct {
+  const float *norm_a, *final_norm;
+  float eps_a, final_eps;
+  int norm_before_residual;
+  const float *embed, *cos_table, *sin_table;
+  int64_t vocab, n_pos;
+} ls_two_stream;
+
+int64_t ls_two_stream_work(const ls_model *m, int64_t BQ) {
+  const int64_t Hd = m->hidden, H = m->heads, G = m->kv_heads, D = m->head_dim;
+  return BQ * (4 * Hd + (H + 2 * G) * D + (H + G) * D + H * D + 2 * D + 3 * m->inter);
+}
+
+int ls_two_stream_layer(const ls_model *m, const ls_block *blk, const ls_two_stream *ts, int64_t B, int64_t q,
+                        const int64_t *ids, const int64_t *positions, const float *g, int64_t cols, int64_t cap,
+                        float *k_slab, float *v_slab, const uint8_t *mask, float *h, float *out, float *work,
+                        int threads) {
+  const int64_t BQ = B * q, Hd = m->hidden, H = m->heads, G = m->kv_heads, D = m->head_dim, I = m->inter;
+  const int64_t W = (H + 2 * G) * D;
+  for (int64_t j = 0; j < BQ; j++) {
+    if (ids[j] < 0 || ids[j] >= ts->vocab) return 2;
+    if (positions[j] < 0 || positions[j] >= ts->n_pos) return 3;
+  }
+  float *a = work;               /* [BQ, 2 hidden] the attention's input */
+  float *emb = a + BQ * 2 * Hd;  /* [BQ, hidden] the embeddings */
+  float *t = emb + BQ * Hd;      /* [BQ, hidden] a projection's output */
+  float *qkv = t + BQ * Hd;      /* [B, q, H + 2G, D] */
+  float *qk = qkv + BQ * W;      /* [B, H + G, q, D] */
+  float *attn = qk + BQ * (H + G) * D; /* [B, q, H, D] */
+  float *cs = attn + BQ * H * D; /* [BQ, D] cos, then [BQ, D] sin */
+  float *sn = cs + BQ * D;
+  float *gate_up = sn + BQ * D;  /* [BQ, 2 inter] */
+  float *act = gate_up + BQ * 2 * I; /* [BQ, inter] */
+  for (int64_t j = 0; j < BQ; j++) {
+    memcpy(emb + j * Hd, ts->embed + ids[j] * Hd, (size_t)Hd * sizeof(float));
+    memcpy(cs + j * D, ts->cos_table + positions[j] * D, (size_t)D * sizeof(float));
+    memcpy(sn + j * D, ts->sin_table + positions[j] * D, (size_t)D * sizeof(float));
+  }
+  m->norm(emb, Hd, NULL, 0, NULL, 0, BQ, Hd, ts->norm_a, ts->eps_a, a, 2 * Hd);
+  m->norm(g, Hd, NULL, 0, NULL, 0, BQ, Hd, blk->norm1, blk->eps1, a + Hd, 2 * Hd);
+  for (int64_t j = 0; j < BQ; j++)
+    memcpy(h + j * Hd, ts->norm_before_residual ? a + j * 2 * Hd + Hd : g + j * Hd, (size_t)Hd * sizeof(float));
+  /* the post-attention norm's output reuses emb (read only by the first norm) */
+  int rc = block_body(m, blk, B, q, NULL, BQ, cols, NULL, cap, k_slab, v_slab, cs, sn, mask, h, a, emb, t, qkv, qkv,
+                      qk, attn, attn, gate_up, threads);
+  if (rc) return 1;
+  ls_silu_mul(gate_up, BQ, I, act);
+  ls_block_tail(m, &blk->down, ts->final_norm, ts->final_eps, BQ, h, act, t, out, threads);
+  return 0;
 }

@@ -67,6 +67,12 @@ class _Model(ctypes.Structure):
                 ("scale", ctypes.c_float), ("norm", _ptr), ("rotary", _ptr), ("attention", _ptr)]
 
 
+class _TwoStream(ctypes.Structure):
+    _fields_ = [("norm_a", _ptr), ("final_norm", _ptr), ("eps_a", ctypes.c_float), ("final_eps", ctypes.c_float),
+                ("norm_before_residual", ctypes.c_int), ("embed", _ptr), ("cos_table", _ptr), ("sin_table", _ptr),
+                ("vocab", _i64), ("n_pos", _i64)]
+
+
 _P = ctypes.POINTER
 _kernel = _cpu_build.Kernel(_SOURCE, {
     "ls_front_work": ([_P(_Model), _i64], _i64),
@@ -76,6 +82,9 @@ _kernel = _cpu_build.Kernel(_SOURCE, {
     "ls_silu_mul": ([_ptr, _i64, _i64, _ptr], None),
     "ls_decoder_run": ([_P(_Model), _ptr, _i64, _ptr, ctypes.c_float, _i64, _i64, _ptr, _i64, _i64, _ptr, _i64, _ptr,
                         _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], ctypes.c_int),
+    "ls_two_stream_work": ([_P(_Model), _i64], _i64),
+    "ls_two_stream_layer": ([_P(_Model), _P(_Block), _P(_TwoStream), _i64, _i64, _ptr, _ptr, _ptr, _i64, _i64, _ptr,
+                             _ptr, _ptr, _ptr, _ptr, _ptr, ctypes.c_int], ctypes.c_int),
 })
 
 

@@ -145,9 +145,12 @@ class Eagle3Head(nn.Module):
     def layer(self) -> DecoderLayer:
         return self.layers[0]
 
+    def embedding_table(self) -> torch.Tensor:
+        """``[vocab, H]``: the head's own token embeddings, or the target's it shares."""
+        return self.embed_tokens.weight if self.embed_tokens is not None else self._shared[0]
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        w = self.embed_tokens.weight if self.embed_tokens is not None else self._shared[0]
-        return F.embedding(ids, w)
+        return F.embedding(ids, self.embedding_table())
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
         """taps ``[.., n_taps * H_target]`` (tapped target states, concatenated in tap order) → ``[.., H]``."""

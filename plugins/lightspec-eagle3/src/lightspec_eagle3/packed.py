@@ -11,16 +11,23 @@ embedding and the attention over the head's cache are one kernel call each as we
 products (an RMSNorm ~25 us, the rotary embedding of q and k ~40 us, against ~10 us for
 the q/k/v product; docs/design/eagle3.md, "Drafting cost").
 
+Where the compiled layer is available (``lightspec_kernels.cpu_two_stream``: a SiLU head
+whose intermediate size is a multiple of 16, float32 embeddings) the whole layer of
+``forward_cached`` is one C call that also writes the new keys and values into the cache's
+slab: the op-by-op form was ~20 calls at ~10-15 us each on this CPU.
+
 ``PackedHead`` computes what ``Eagle3Head.fuse`` / ``forward_cached`` / ``draft_logits``
 compute, in inference only (no autograd), for float32 CPU heads; it differs from them only
-in the order of the norms' and dot products' summations (|diff| ~ 1e-6 relative).  Drafts
-never change the output (the target verifies them); they change only how many are accepted.
+in the order of the norms' and dot products' summations and in the C SiLU's rounding
+(|diff| ~ 1e-6 relative).  Drafts never change the output (the target verifies them); they
+change only how many are accepted.
 """
 
 from __future__ import annotations
 
 import torch
-from lightspec_kernels import cpu_attention, cpu_linear, cpu_norm_rope
+from lightspec_kernels import cpu_attention, cpu_linear, cpu_norm_rope, cpu_two_stream
+from lightspec_kernels.cpu_decoder import BlockWeights
 
 from .modeling import Eagle3Head, RMSNorm
 
@@ -34,9 +41,9 @@ def packed_head_for(head: Eagle3Head) -> "PackedHead | None":
     return PackedHead(head)
 
 
-def _pack(*weights: torch.Tensor):
-    """One bound kernel for the weights' outputs side by side (``[sum N, K]``)."""
-    return cpu_linear.bind(cpu_linear.pack(torch.cat([w.detach() for w in weights]).contiguous()))
+def _packed(*weights: torch.Tensor) -> cpu_linear.PackedWeight:
+    """The weights' outputs side by side (``[sum N, K]``), packed once."""
+    return cpu_linear.pack(torch.cat([w.detach() for w in weights]).contiguous())
 
 
 class PackedHead:
@@ -52,13 +59,12 @@ class PackedHead:
         self.q_n, self.kv_n = at.heads * at.head_dim, at.kv_heads * at.head_dim
         self.heads, self.kv_heads, self.head_dim = at.heads, at.kv_heads, at.head_dim
         self.inter = cfg.intermediate_size
-        self.fc = _pack(head.fc.weight)
-        self.qkv = _pack(at.q_proj.weight, at.k_proj.weight, at.v_proj.weight)
-        self.o = _pack(at.o_proj.weight)
-        self.gate_up = _pack(mlp.gate_proj.weight, mlp.up_proj.weight)
-        self.down = _pack(mlp.down_proj.weight)
+        packed = {"qkv": _packed(at.q_proj.weight, at.k_proj.weight, at.v_proj.weight), "o": _packed(at.o_proj.weight),
+                  "gate_up": _packed(mlp.gate_proj.weight, mlp.up_proj.weight), "down": _packed(mlp.down_proj.weight)}
+        self.fc = cpu_linear.bind(_packed(head.fc.weight))
+        self.qkv, self.o, self.gate_up, self.down = (cpu_linear.bind(packed[n]) for n in ("qkv", "o", "gate_up", "down"))
         lm = head.lm_head.weight if head.lm_head is not None else head.shared_lm_head()
-        self.lm_head = _pack(lm.float())
+        self.lm_head = cpu_linear.bind(_packed(lm.float()))
         self.act = mlp.act
         # one fused op per norm, and the rotary table computed once (positions index it)
         self.input_norm = _norm(head.input_norm) if head.input_norm is not None else None
@@ -70,6 +76,23 @@ class PackedHead:
         like = torch.zeros(1, dtype=head.fc.weight.dtype)
         cos, sin = head.rope(torch.arange(n)[None], like)
         self.cos, self.sin, self.max_pos = cos[0], sin[0], n
+        self.layer = self._two_stream(packed, head, layer)
+
+    def _two_stream(self, packed: dict, head: Eagle3Head, layer) -> "cpu_two_stream.TwoStreamLayer | None":
+        """The whole layer as one C call (module docstring), or None where it cannot run here."""
+        emb = head.embedding_table()
+        act = getattr(self.act, "__name__", type(self.act).__name__).lower()
+        if (not cpu_two_stream.available() or emb.dtype != torch.float32 or "silu" not in act
+                or self.inter % 16 or self.cos.dtype != torch.float32):
+            return None
+        at = layer.self_attn
+        block = BlockWeights(packed["qkv"], packed["o"], packed["gate_up"], packed["down"],
+                             layer.hidden_norm.weight.detach().float(), layer.post_attention_layernorm.weight.detach().float(),
+                             layer.hidden_norm.eps, layer.post_attention_layernorm.eps)
+        return cpu_two_stream.TwoStreamLayer(
+            block, at.heads, at.kv_heads, at.head_dim, at.head_dim ** -0.5, layer.input_layernorm.weight.detach().float(),
+            layer.input_layernorm.eps, head.norm.weight.detach().float(), head.norm.eps, layer.norm_before_residual,
+            emb.detach(), self.cos.contiguous(), self.sin.contiguous())
 
     def fuse(self, taps: torch.Tensor) -> torch.Tensor:
         """As ``Eagle3Head.fuse``: taps ``[.., n_taps * H_target]`` → ``[.., H]``."""
@@ -86,6 +109,17 @@ class PackedHead:
         """As ``Eagle3Head.forward_cached`` (same arguments, same cache entries)."""
         head = self.head
         B, T, _ = feat.shape
+        if self.layer is not None and feat.dtype == torch.float32 and (mask is None or mask.dtype == torch.bool):
+            G, D = self.kv_heads, self.head_dim
+            cols = cache.get_seq_length(0) if cache.layers else 0
+            # reserve the new columns through the cache's own update (the C layer overwrites them)
+            keys, values = cache.update(*self._blank(B, T), 0)
+            if keys.stride(-2) == D and keys.stride(0) == G * keys.stride(1):
+                try:
+                    return self.layer.run(ids, positions, feat, keys, values, cols, mask)[0]
+                except IndexError:  # a position past the rotary table: the op-by-op forward computes it
+                    pass
+            cache.crop(-T)  # nothing was written: release the columns, then the op-by-op forward
         emb = head.embed(ids).to(feat.dtype)
         if int(positions.max()) < self.max_pos:
             cos, sin = self.cos[positions], self.sin[positions]  # [B, T, D]
@@ -104,6 +138,15 @@ class PackedHead:
         gu = self.gate_up(self.post_norm(h))
         gate, up = gu.split([self.inter, self.inter], -1)
         return h + self.down(self.act(gate) * up)
+
+
+    def _blank(self, B: int, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zero keys and values ``[B, G, T, D]`` (the columns a C forward reserves, then writes)."""
+        cached = getattr(self, "_blanks", None)
+        if cached is None or cached.shape[0] != B or cached.shape[2] < T:
+            cached = self._blanks = torch.zeros(B, self.kv_heads, max(T, 8), self.head_dim)
+        blank = cached[:, :, :T]
+        return blank, blank
 
 
 def _norm(norm: RMSNorm):
