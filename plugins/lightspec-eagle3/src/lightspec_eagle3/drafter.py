@@ -398,7 +398,11 @@ class Eagle3Drafter:
         for j in range(k_max):
             logits = self.impl.draft_logits(h).float()  # [B, N]
             p = torch.softmax(logits, -1)
-            peak, arg = p.max(-1)
+            if p.device.type == "cpu":  # NumPy's max and argmax: ~3 us each, PyTorch's max ~23 us
+                pn = p.numpy()
+                peak, arg = torch.from_numpy(pn.max(-1)), torch.from_numpy(pn.argmax(-1))
+            else:
+                peak, arg = p.max(-1)
             if sampling.greedy:
                 tok = arg
             else:
