@@ -24,6 +24,7 @@ from lightspec_core import DraftProposal, InvalidValueError, SparseProbs, expone
 
 from .checkpoint import load_drafter
 from .config import CheckpointError, read_config
+from .packed import packed_drafter_for
 
 ZOO_HEAD = "dspark"
 # a skipped drafter keeps at most this many steps' states unprocessed, then ingests them in one call
@@ -120,6 +121,8 @@ class DSparkStrategy:
                                   "(strategy 'dflash' takes checkpoints without a Markov head)")
         dtype = next(env.target.parameters()).dtype
         self.drafter = load_drafter(path, env.target, dtype=dtype, device=env.device)
+        self.fast = packed_drafter_for(self.drafter)  # the CPU kernels' forward, where it runs
+        self.impl = self.fast or self.drafter
         self.path = str(path)
         cfg = self.drafter.cfg
         self.block = min(cfg.block_size, self.max_draft or cfg.block_size)
@@ -184,7 +187,7 @@ class DSparkStrategy:
             return
         x = torch.cat([t for _, t, _ in pieces])[None]  # [1, N, L*H_t]
         positions = torch.cat([first + torch.arange(t.shape[0]) for _, t, first in pieces]).to(x.device)[None]
-        kv = self.drafter.context_kv(self.drafter.features(x), positions)
+        kv = self.impl.context_kv(self.impl.features(x), positions)
         at = 0
         for row, t, _ in pieces:
             n = t.shape[0]
@@ -194,8 +197,12 @@ class DSparkStrategy:
             at += n
 
     def _context(self, ctx, dtype, device):
-        """Per layer ``(k, v)`` ``[B, nkv, T, hd]`` padded to the longest row, and ``valid [B, T]``."""
+        """Per layer ``(k, v)`` ``[B, nkv, T, hd]`` padded to the longest row, and ``valid [B, T]``
+        (a single row: views of its store, and None: every column valid)."""
         rows = [self.rows[rid] for rid in ctx.row_ids]
+        if len(rows) == 1:
+            r = rows[0]
+            return [(r.k[i][None, :, : r.length], r.v[i][None, :, : r.length]) for i in range(len(r.k))], None
         T = max(r.length for r in rows)
         a = self.drafter.layers[0].self_attn
         B = len(rows)
@@ -231,8 +238,10 @@ class DSparkStrategy:
         ids[:, 0] = last
         start = torch.tensor([len(s) - 1 for s in ctx.sequences], device=dev)
         positions = start[:, None] + torch.arange(gamma, device=dev)
-        mask = torch.cat([valid[:, None, :].expand(B, gamma, -1), valid.new_ones(B, gamma, gamma)], dim=-1)[:, None]
-        h = d.backbone(ids, positions, ctx_kv, mask)  # [B, gamma, H]
+        # a single row sees every column: no mask
+        mask = None if valid is None else torch.cat(
+            [valid[:, None, :].expand(B, gamma, -1), valid.new_ones(B, gamma, gamma)], dim=-1)[:, None]
+        h = self.impl.backbone(ids, positions, ctx_kv, mask)  # [B, gamma, H]
         base = d.base_logits(h)
         tokens = torch.zeros(B, gamma, dtype=torch.long, device=dev)
         conf = torch.ones(B, gamma, device=dev)
@@ -240,14 +249,15 @@ class DSparkStrategy:
         greedy = ctx.sampling.greedy
         probs = None if greedy else torch.zeros(B, gamma, base.shape[-1], device=dev)
         prev, state = last, None
+        prevs = []  # the target id before each slot (the confidence head reads it)
         for k in range(gamma):
             logits = base[:, k].float()
             if d.markov_head is not None:
                 bias, state = d.markov_head.step(prev, h[:, k], state)
                 logits = logits + bias.float()
-            c = d.confidence_logit(h[:, k], prev)
+            prevs.append(prev)
             # the full softmax (entropy, peak) only where something reads it: sampling, or no confidence head
-            p = logits.softmax(-1) if (c is None or not greedy) else None
+            p = logits.softmax(-1) if (d.confidence_head is None or not greedy) else None
             if p is not None:
                 ent[:, k] = torch.special.entr(p).sum(-1)
             if greedy:
@@ -256,9 +266,12 @@ class DSparkStrategy:
                 q = warped_probs(logits, ctx.sampling)
                 tok = (q / exponential_noise(ctx.generators, q.shape[-1], dev)).argmax(-1)
                 probs[:, k] = q
-            conf[:, k] = torch.sigmoid(c.float()) if c is not None else p.gather(1, tok[:, None])[:, 0]
+            if d.confidence_head is None:
+                conf[:, k] = p.gather(1, tok[:, None])[:, 0]
             prev = d.to_target_ids(tok)
             tokens[:, k] = prev
+        if d.confidence_head is not None:  # every slot's at once: sigmoid(proj([h_k; W1[x_{k-1}]]))
+            conf = torch.sigmoid(d.confidence_logit(h, torch.stack(prevs, 1)).float())
         survival = conf.cumprod(-1)
         lengths = torch.tensor(limits, device=dev)
         # like every confidence-aware drafter: a row stops after a slot whose own confidence is below the budget's floor
