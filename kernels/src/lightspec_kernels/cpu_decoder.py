@@ -125,6 +125,35 @@ class BlockWeights:
     down_bias: torch.Tensor | None = None
 
 
+def keep_pointer(t: torch.Tensor, keep: list[torch.Tensor]) -> int:
+    """The address of ``t`` made contiguous, kept alive in ``keep``."""
+    t = t.detach().contiguous()
+    keep.append(t)
+    return t.data_ptr()
+
+
+def c_block(b: BlockWeights, keep: list[torch.Tensor]) -> _Block:
+    """``b`` as the C struct the kernels read (every buffer it points to kept in ``keep``)."""
+    lin = cpu_linear._library()
+    f16, f32 = ctypes.cast(lin.ls_linear_f16, _ptr).value, ctypes.cast(lin.ls_linear_f32, _ptr).value
+
+    def proj(pw: PackedWeight, bias: torch.Tensor | None) -> _Proj:
+        bias_ptr = None if bias is None else keep_pointer(bias.float(), keep)
+        keep.append(pw.data)
+        return _Proj(f16 if pw.data.dtype == torch.float16 else f32, pw.data.data_ptr(), bias_ptr, pw.out_features,
+                     pw.in_features)
+
+    return _Block(proj(b.qkv, b.qkv_bias), proj(b.o, b.o_bias), proj(b.gate_up, b.gate_up_bias),
+                  proj(b.down, b.down_bias), keep_pointer(b.norm1, keep), keep_pointer(b.norm2, keep), b.eps1, b.eps2)
+
+
+def c_model(hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, scale: float) -> _Model:
+    """The shapes and the chained kernels' entry points as the C struct the kernels read."""
+    norm_lib, attn_lib = cpu_norm_rope._library(), cpu_attention._library()
+    return _Model(hidden, heads, kv_heads, head_dim, inter, scale, ctypes.cast(norm_lib.ls_rms_norm, _ptr).value,
+                  ctypes.cast(norm_lib.ls_rotary, _ptr).value, ctypes.cast(attn_lib.ls_attention, _ptr).value)
+
+
 class Decoder:
     """A stack of blocks bound for ``front``/``tail`` (module docstring): the weights'
     pointers are resolved once; a call passes only the step's tensors.
@@ -153,35 +182,16 @@ class Decoder:
                 if w.shape != (hidden,) or w.dtype != _F32:
                     raise ValueError(f"block {i}: {name} must be float32 [{hidden}], got {w.dtype} {tuple(w.shape)}")
         self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter = hidden, heads, kv_heads, head_dim, inter
-        lin = cpu_linear._library()
-        f16 = ctypes.cast(lin.ls_linear_f16, _ptr).value
-        f32 = ctypes.cast(lin.ls_linear_f32, _ptr).value
         self._keep: list[torch.Tensor] = []  # every buffer a pointer refers to
-
-        def proj(pw: PackedWeight, bias: torch.Tensor | None) -> _Proj:
-            b = None if bias is None else bias.detach().float().contiguous()
-            self._keep.extend([pw.data] + ([b] if b is not None else []))
-            return _Proj(f16 if pw.data.dtype == torch.float16 else f32, pw.data.data_ptr(),
-                         None if b is None else b.data_ptr(), pw.out_features, pw.in_features)
-
-        def vec(t: torch.Tensor) -> int:
-            t = t.detach().contiguous()
-            self._keep.append(t)
-            return t.data_ptr()
-
         self._blocks = (_Block * len(blocks))()
         for i, b in enumerate(blocks):
-            self._blocks[i] = _Block(proj(b.qkv, b.qkv_bias), proj(b.o, b.o_bias), proj(b.gate_up, b.gate_up_bias),
-                                     proj(b.down, b.down_bias), vec(b.norm1), vec(b.norm2), b.eps1, b.eps2)
+            self._blocks[i] = c_block(b, self._keep)
         self._block_ptrs = [ctypes.pointer(self._blocks[i]) for i in range(len(blocks))]
         self._down_ptrs = [None] + [ctypes.pointer(self._blocks[i].down) for i in range(len(blocks) - 1)]
         self._last_down = ctypes.pointer(self._blocks[len(blocks) - 1].down)
-        self._final = vec(final_norm)
+        self._final = keep_pointer(final_norm, self._keep)
         self._final_eps = float(final_eps)
-        norm_lib, attn_lib = cpu_norm_rope._library(), cpu_attention._library()
-        self._model = _Model(hidden, heads, kv_heads, head_dim, inter, scale,
-                             ctypes.cast(norm_lib.ls_rms_norm, _ptr).value, ctypes.cast(norm_lib.ls_rotary, _ptr).value,
-                             ctypes.cast(attn_lib.ls_attention, _ptr).value)
+        self._model = c_model(hidden, heads, kv_heads, head_dim, inter, scale)
         self._model_ptr = ctypes.pointer(self._model)
         self._front, self._tail, self._work_size = lib.ls_block_front, lib.ls_block_tail, lib.ls_front_work
         self._run, self._silu_mul = lib.ls_decoder_run, lib.ls_silu_mul

@@ -81,31 +81,12 @@ class TwoStreamLayer:
             if t.dtype != _F32 or tuple(t.shape) != shape or t.device.type != "cpu":
                 raise ValueError(f"{name} must be float32 {list(shape)} on the CPU, got {t.dtype} {list(t.shape)}")
         self.hidden, self.heads, self.kv_heads, self.head_dim, self.inter = hidden, heads, kv_heads, head_dim, inter
-        self._keep: list[torch.Tensor] = []
-        lin = cpu_linear._library()
-        f16, f32 = ctypes.cast(lin.ls_linear_f16, ctypes.c_void_p).value, ctypes.cast(lin.ls_linear_f32, ctypes.c_void_p).value
-
-        def proj(pw, bias):
-            b = None if bias is None else bias.detach().float().contiguous()
-            self._keep.extend([pw.data] + ([b] if b is not None else []))
-            return cpu_decoder._Proj(f16 if pw.data.dtype == torch.float16 else f32, pw.data.data_ptr(),
-                                     None if b is None else b.data_ptr(), pw.out_features, pw.in_features)
-
-        def vec(t: torch.Tensor) -> int:
-            t = t.detach().contiguous()
-            self._keep.append(t)
-            return t.data_ptr()
-
-        self._block = cpu_decoder._Block(proj(block.qkv, block.qkv_bias), proj(block.o, block.o_bias),
-                                         proj(block.gate_up, block.gate_up_bias), proj(block.down, block.down_bias),
-                                         vec(block.norm1), vec(block.norm2), block.eps1, block.eps2)
-        self._ts = cpu_decoder._TwoStream(vec(norm_a), vec(final_norm), eps_a, final_eps, int(bool(norm_before_residual)),
-                                          vec(embed), vec(cos_table), vec(sin_table), embed.shape[0], cos_table.shape[0])
-        norm_lib, attn_lib = cpu_norm_rope._library(), cpu_attention._library()
-        self._model = cpu_decoder._Model(hidden, heads, kv_heads, head_dim, inter, scale,
-                                         ctypes.cast(norm_lib.ls_rms_norm, ctypes.c_void_p).value,
-                                         ctypes.cast(norm_lib.ls_rotary, ctypes.c_void_p).value,
-                                         ctypes.cast(attn_lib.ls_attention, ctypes.c_void_p).value)
+        self._keep: list[torch.Tensor] = []  # every buffer a pointer refers to
+        keep = lambda t: cpu_decoder.keep_pointer(t, self._keep)  # noqa: E731
+        self._block = cpu_decoder.c_block(block, self._keep)
+        self._ts = cpu_decoder._TwoStream(keep(norm_a), keep(final_norm), eps_a, final_eps, int(bool(norm_before_residual)),
+                                          keep(embed), keep(cos_table), keep(sin_table), embed.shape[0], cos_table.shape[0])
+        self._model = cpu_decoder.c_model(hidden, heads, kv_heads, head_dim, inter, scale)
         self._model_ptr, self._block_ptr, self._ts_ptr = (ctypes.pointer(self._model), ctypes.pointer(self._block),
                                                           ctypes.pointer(self._ts))
         lib = cpu_decoder._library()

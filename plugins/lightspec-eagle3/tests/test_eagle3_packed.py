@@ -11,8 +11,8 @@ import pytest
 import torch
 from e3_fixtures import LAYOUTS, head_config, random_head, tiny_target, write_layout
 from lightspec_eagle3.checkpoint import load_head
-from lightspec_eagle3.modeling import Eagle3Head
 from lightspec_eagle3.drafter import _CacheModel
+from lightspec_eagle3.modeling import Eagle3Head
 from lightspec_eagle3.packed import PackedHead, packed_head_for
 from lightspec_kernels import cpu_linear
 
