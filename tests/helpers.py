@@ -93,10 +93,11 @@ def hf_reference(model, tokenizer, prompt, max_new_tokens: int) -> list[int]:
 EXAMPLE_PLUGIN = Path(__file__).resolve().parent / "example_plugin"
 
 
-def ensure_example_plugin() -> None:
+def ensure_example_plugin() -> bool:
     """pip-install ``tests/example_plugin`` (editable, no deps) into the running
     interpreter's environment unless it is already installed from this folder, and make
-    it importable in this process (a fresh ``.pth`` is only read at interpreter start)."""
+    it importable in this process (a fresh ``.pth`` is only read at interpreter start).
+    Returns whether it installed it (then ``remove_example_plugin`` takes it out again)."""
     import importlib
     import importlib.metadata as md
     import subprocess
@@ -119,6 +120,17 @@ def ensure_example_plugin() -> None:
     except ImportError:
         sys.path.append(str(EXAMPLE_PLUGIN / "src"))
         importlib.invalidate_caches()
+    return not installed
+
+
+def remove_example_plugin() -> None:
+    """Uninstall what ``ensure_example_plugin`` installed: a test run leaves no plugin behind
+    in the environment (every pipeline there would load its statistics sink)."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", "lightspec-example-plugin"], check=True)
+    forget_discovered_plugins()
 
 
 def forget_discovered_plugins() -> None:

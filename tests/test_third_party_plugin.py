@@ -1,6 +1,7 @@
 """A third-party plugin package (``tests/example_plugin``, distribution
 ``lightspec-example-plugin``) is pip-installed into the current environment, then used by
-name from the Python API and from the CLI."""
+name from the Python API and from the CLI; the session uninstalls it again at its end when it
+installed it."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ import json
 
 import pytest
 import torch
-from helpers import cached_tiny, ensure_example_plugin, hf_reference, save_tiny
+from helpers import cached_tiny, ensure_example_plugin, hf_reference, remove_example_plugin, save_tiny
 
 
 @pytest.fixture(scope="session")
 def example_plugin():
-    ensure_example_plugin()
+    installed = ensure_example_plugin()
     from lightspec_core.plugins import get_registry
 
-    return get_registry(reload=True, allow=None, strict=False)
+    yield get_registry(reload=True, allow=None, strict=False)
+    if installed:
+        remove_example_plugin()
+        get_registry(reload=True)
 
 
 @pytest.fixture
