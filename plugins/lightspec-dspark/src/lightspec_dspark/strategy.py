@@ -200,7 +200,7 @@ class DSparkStrategy:
         """Per layer ``(k, v)`` ``[B, nkv, T, hd]`` padded to the longest row, and ``valid [B, T]``
         (a single row: views of its store, and None: every column valid)."""
         rows = [self.rows[rid] for rid in ctx.row_ids]
-        if len(rows) == 1:
+        if len(rows) == 1 and rows[0].length:
             r = rows[0]
             return [(r.k[i][None, :, : r.length], r.v[i][None, :, : r.length]) for i in range(len(r.k))], None
         T = max(r.length for r in rows)
