@@ -685,10 +685,12 @@ def test_a_batch_drifts_back_to_the_verify_cost_it_measured_one_row_to_the_prior
         assert p.cost.beta == pytest.approx(want, rel=0.05)
 
 
-def test_a_batch_charges_a_model_drafter_its_catch_up_when_it_resumes():
+def test_a_batch_charges_a_model_drafter_its_start_up_and_its_catch_up_when_it_resumes():
     """A model drafter that did not draft last step must first catch its cache up (its
-    ``setup_s``): a batch learns that cost and charges it, spread over SETUP_HORIZON steps,
-    while one that drafted last step, and a single row, pay nothing."""
+    ``setup_s``): the generation's first draft reads the whole prompt (the start-up), a
+    resumed one the tokens decoded since.  A batch learns both and charges the one ahead,
+    spread over SETUP_HORIZON steps, while one that drafted last step, and a drafter without
+    catch-up, pay nothing."""
     from lightspec_core.budget import SETUP_HORIZON
 
     p = DynamicBudget()
@@ -698,11 +700,86 @@ def test_a_batch_charges_a_model_drafter_its_catch_up_when_it_resumes():
     ev.draft_setup_s = 2 * T1
     ev.draft_by_source = {"draft_model": (1 * T1, 1)}
     p.lightspec_on_stats(ev)
-    assert p.cost.setup_cost["draft_model"] == pytest.approx(2.0)
+    assert p.cost.start_cost["draft_model"] == pytest.approx(2.0) and "draft_model" not in p.cost.setup_cost
     assert p.cost.catch_up("draft_model", 8) == 0.0  # it drafted last step: nothing to catch up
     p.lightspec_on_stats(step(1, T1, drafted=(0,) * 8, accepted=(0,) * 8))
+    ev.draft_setup_s = 0.5 * T1  # resumed: it has drafted in this generation
+    p.lightspec_on_stats(ev)
+    assert p.cost.setup_cost["draft_model"] == pytest.approx(0.5) and p.cost.start_cost["draft_model"] == pytest.approx(2.0)
+    p.lightspec_on_stats(step(1, T1, drafted=(0,) * 8, accepted=(0,) * 8))
+    assert p.cost.catch_up("draft_model", 8) == pytest.approx(0.5 / SETUP_HORIZON)
+    assert p.cost.catch_up("ngram", 8) == 0.0
+    p.reset()  # the next generation starts with the start-up ahead
     assert p.cost.catch_up("draft_model", 8) == pytest.approx(2.0 / SETUP_HORIZON)
-    assert p.cost.catch_up("draft_model", 1) == 0.0 and p.cost.catch_up("ngram", 8) == 0.0
+
+
+def timed_step(k: int, draft_s: float, setup_s: float = 0.0, verify_s: float | None = None) -> StepStats:
+    """A single row's speculative step of ``k`` drafts by the draft model, which timed
+    itself (``draft_s`` in all, ``setup_s`` of it catching up)."""
+    ev = step(k + 1, T1 * (1 + 0.1 * k) if verify_s is None else verify_s, drafted=(k,), accepted=(k,),
+              draft_s=draft_s)
+    ev.draft_setup_s = setup_s
+    ev.draft_by_source = {"draft_model": (draft_s - setup_s, k)}
+    return ev
+
+
+def test_a_single_row_charges_its_start_up_and_its_catch_up_when_it_resumes():
+    """One row pays its drafter's catch-ups too: on the zoo models the generation's first
+    draft (the drafter reads the prompt) cost about two plain steps, more than a 64-token
+    generation's later drafts gained, so a row that does not expect to gain that much does
+    not start drafting."""
+    from lightspec_core.budget import SETUP_HORIZON
+
+    p = DynamicBudget()
+    p.lightspec_on_stats(plain())
+    p.lightspec_on_stats(timed_step(1, 9 * T1, setup_s=8 * T1))  # the first draft reads the prompt
+    assert p.cost.start_cost["draft_model"] == pytest.approx(8.0) and "draft_model" not in p.cost.setup_cost
+    p.lightspec_on_stats(plain())
+    p.lightspec_on_stats(timed_step(1, 1.2 * T1, setup_s=T1))  # resumed after plain steps
+    assert p.cost.setup_cost["draft_model"] == pytest.approx(1.0)
+    assert p.cost.catch_up("draft_model", 1) == 0.0  # it drafted last step
+    p.lightspec_on_stats(plain())
+    assert p.cost.catch_up("draft_model", 1) == pytest.approx(1.0 / SETUP_HORIZON)
+    p.reset()
+    assert p.cost.catch_up("draft_model", 1) == pytest.approx(8.0 / SETUP_HORIZON)
+    row = [history(accepted=5, rejected=5)]
+    p.lightspec_on_stats(plain())
+    assert k_of(p, row) == [0]  # a start-up of 8 plain steps is not worth it at acceptance 0.5
+    p.cost.start_cost["draft_model"] = 0.0
+    assert k_of(p, row)[0] >= 1  # without it, drafting pays
+
+
+def test_lengths_measured_often_enough_are_priced_at_their_median_not_the_line():
+    """Verify and draft costs are concave in length: on the zoo models a one-token draft and
+    its two-slot verify cost more than the line through all lengths says.  A length with
+    ``MEASURED_AT`` samples in its window is priced at its median; other lengths keep the
+    line, and so does a drafter's guard (``modelled_cost``)."""
+    from lightspec_core.budget.costs import MEASURED_AT
+
+    p = DynamicBudget(beta=0.1, draft_cost=0.05)
+    p.lightspec_on_stats(plain())
+    p.lightspec_on_stats(timed_step(4, 0.4 * T1))  # warm-up
+    for _ in range(4):  # k = 4 on the line: verify 1.4, draft 0.1 per token
+        p.lightspec_on_stats(timed_step(4, 0.4 * T1, verify_s=1.4 * T1))
+    for _ in range(MEASURED_AT - 1):  # k = 1 measured twice: verify 1.3, draft 0.35
+        p.lightspec_on_stats(timed_step(1, 0.35 * T1, verify_s=1.3 * T1))
+    p.cost.use_fit(p.cost.key(1))
+    line = p.cost.extra_costs("draft_model", 1, 4, p.cost.draft_cost["draft_model"], p.cost.draft_fixed["draft_model"])
+    assert line[0] == pytest.approx(p.cost.beta + p.cost.draft_fixed["draft_model"] + p.cost.draft_cost["draft_model"])
+    assert line[0] < 0.5
+    p.lightspec_on_stats(timed_step(1, 0.35 * T1, verify_s=1.3 * T1))  # the MEASURED_AT-th sample
+    p.cost.use_fit(p.cost.key(1))
+    d, f = p.cost.draft_cost["draft_model"], p.cost.draft_fixed["draft_model"]
+    extra = p.cost.extra_costs("draft_model", 1, 4, d, f)
+    assert extra[0] == pytest.approx(0.3 + 0.35)  # both medians at k = 1
+    assert extra[3] == pytest.approx(0.4 + 0.4)  # k = 4: measured too
+    assert extra[1] == pytest.approx(2 * p.cost.beta + f + 2 * d)  # k = 2: never measured, the line
+    assert p.cost.modelled_cost(timed_step(1, 0.35 * T1)) == pytest.approx(1 + p.cost.spec_overhead + 0.65)
+    # a row whose acceptance pays a one-token draft on a line (beta 0.1, 0.15 per token), but
+    # not at the cost measured above (longer drafts priced out)
+    acc = [0.42]
+    assert p.best_k(acc, 0.15, 0.1) == 1
+    assert p.best_k(acc, 0.15, 0.1, extra=extra[:1] + [9.0] * 7) == 0
 
 
 def test_verify_costs_are_fitted_per_number_of_rows_through_the_plain_forward():

@@ -208,7 +208,12 @@ class StepTimer:
 
     def record(self, source: str, seconds: float, tokens: int, setup_s: float = 0.0) -> None:
         """Add one drafter's model time for this step: ``seconds`` in all, ``setup_s`` of
-        them catching its cache up, for drafts of at most ``tokens`` tokens per row."""
+        them catching its cache up, for drafts of at most ``tokens`` tokens per row.
+
+        Report as ``setup_s`` a catch-up longer than a step's accepted tokens (the prompt at
+        the generation's first draft, the tokens decoded while the drafter did not draft):
+        the budget charges it to the step that resumes the drafter (``dynamic``: the first
+        draft of a generation apart from later resumes), not to each draft token."""
         self.model_s += seconds
         self.setup_s += setup_s
         spent, n = self.by_source.get(source, (0.0, 0))

@@ -8,8 +8,14 @@
   model drafter's first forward also feeds its cache the tokens accepted since its last
   draft), fitted from a window of its recent measurements (``fit_draft_cost``); an
   unused drafter's samples drift back to the cheapest line measured for it.
-* Catch-up: in a batch, a model drafter that did not draft on the last step first
-  prefills what its cache missed (its ``setup_s``), charged over ``SETUP_HORIZON`` steps.
+* Measured lengths: where a window holds ``MEASURED_AT`` samples of a verify width or a
+  draft length, the median measured there replaces the line at that length
+  (``extra_costs``): both costs are concave in the length, so a line through all of them
+  under-prices the short drafts a policy tries most.
+* Catch-up: a model drafter that did not draft on the last step first prefills what its
+  cache missed (its ``setup_s``), charged over ``SETUP_HORIZON`` steps; one that has not
+  drafted yet in this generation first reads the whole prompt (its start-up, learned from
+  earlier generations' first drafts apart from the catch-ups of resumed drafts).
 * Overhead: the extra engine time of a speculative step over a plain one
   (``spec_overhead``), outside model forwards.
 
@@ -33,6 +39,7 @@ MAX_BETA = 2.0
 # a batch charges a model drafter's catch-up as a fixed cost spread over this many
 # speculative steps, when it did not draft on the last step
 SETUP_HORIZON = 8
+MEASURED_AT = 3  # samples of one verify width or draft length before their median replaces the line there
 
 CostKey = tuple[int, bool]  # (rows, greedy?)
 
@@ -75,11 +82,13 @@ class CostModel:
         self.draft_cost: dict[str, float] = {}  # per source: d, the cost of each draft token
         self.draft_fixed: dict[str, float] = {}  # per source: f, the cost of drafting at all
         self.draft_floor: dict[str, tuple[float, float]] = {}  # per source: the cheapest (f, d) fitted
+        self.draft_by_k: dict[str, dict[int, float]] = {}  # per source: median cost per draft length with MEASURED_AT samples
         self.last_drafted: dict[str, int] = {}
         self.settled: dict[str, tuple[int, float]] = {}  # per source: the drift sample its whole window holds
         self.measured: dict[str, int] = {}
         self.warm: set[str] = set()  # drafters measured once this generation (the first fills caches)
-        self.setup_cost: dict[str, float] = {}  # per source: a batch's catch-up (decayed mean)
+        self.setup_cost: dict[str, float] = {}  # per source: its catch-up when resuming (decayed mean)
+        self.start_cost: dict[str, float] = {}  # per source: its first draft's catch-up in a generation (decayed mean)
         self.drafted_last: set[str] = set()  # drafters that drafted on the last step
         self.hints: dict[str, float] = {}
         # engine overhead per step relative to t1, of plain (False) and speculative (True) steps
@@ -113,29 +122,66 @@ class CostModel:
         return self.hints.get(source, self.prior_draft_cost)
 
     def catch_up(self, source: str, rows: int) -> float:
-        """What resuming ``source`` costs a batch per speculative step, in plain steps: its
-        measured catch-up over ``SETUP_HORIZON`` steps, when it did not draft last step
-        (0 for one row, and for drafters without catch-up: n-gram lookup)."""
-        if rows < 2 or source in self.drafted_last:
+        """What resuming ``source`` costs per speculative step, in plain steps, when it did
+        not draft last step: its measured catch-up over ``SETUP_HORIZON`` steps, its
+        start-up if it has not drafted yet in this generation (0 for drafters without
+        catch-up: n-gram lookup).  ``rows`` is kept for the callers that price a batch and
+        a row alike."""
+        if source in self.drafted_last:
             return 0.0
+        if source not in self.warm and source in self.start_cost:
+            return self.start_cost[source] / SETUP_HORIZON
         return self.setup_cost.get(source, 0.0) / SETUP_HORIZON
 
     def modelled_cost(self, event) -> float:
         """What the model says this speculative step costs, in plain steps: 1 plus the
-        extra overhead plus the drafter's ``f + d * k`` plus ``beta * k`` for the verify."""
+        extra overhead plus each drafter's draft plus the verify's extra width, each priced
+        as ``extra_costs`` prices it (measured at that length, else the line)."""
         k = event.drafted_max
+        verify = self._verified(len(event.row_ids)).get(k, self.beta * k)
         timed = timed_drafters(event)
         if timed:  # model drafters that timed themselves: each at its own draft length
-            drafting = sum(self.draft_fixed.get(src, 0.0) + self.draft_cost.get(src, self.prior_cost(src)) * n
+            drafting = sum(self._drafted(src, n, self.draft_fixed.get(src, 0.0),
+                                         self.draft_cost.get(src, self.prior_cost(src)))
                            for src, (_, n) in timed.items())
-            return 1.0 + self.spec_overhead + drafting + self.beta * k
+            return 1.0 + self.spec_overhead + drafting + verify
         srcs = {s for s, d in zip(event.sources, event.drafted) if d}
         src = srcs.pop() if len(srcs) == 1 else None
         if src in self.draft_cost:
             f, d = self.draft_fixed.get(src, 0.0), self.draft_cost[src]
         else:
             f, d = 0.0, min(self.draft_cost.values(), default=self.prior_draft_cost)
-        return 1.0 + self.spec_overhead + f + (self.beta + d) * k
+        return 1.0 + self.spec_overhead + self._drafted(src, k, f, d) + verify
+
+    def extra_costs(self, source: str | None, rows: int, max_k: int, per_token: float, fixed: float) -> list[float]:
+        """What a step drafting k = 1..``max_k`` tokens with ``source`` costs beyond a plain
+        step, in plain steps, list index k - 1: the verify of k + 1 slots beyond a plain
+        forward plus the draft of k tokens.  Each is the median measured at that length
+        where the window of ``rows``'s cost key (verify) or of ``source`` (draft) holds
+        ``MEASURED_AT`` samples of it, else its line: ``beta * k`` and ``fixed + per_token *
+        k`` (the caller's draft line: an unmeasured source's prior, or its fit).  Call after
+        ``use_fit`` for the same key."""
+        verified = self._verified(rows)
+        beta = self.beta
+        drafted = self.draft_by_k.get(source, {}) if source is not None else {}
+        return [verified.get(k, beta * k) + drafted.get(k, fixed + per_token * k) for k in range(1, max_k + 1)]
+
+    def _verified(self, rows: int) -> dict[int, float]:
+        """{k: the median verify of k + 1 slots beyond a plain forward, in plain steps} for
+        the widths ``rows``'s window holds ``MEASURED_AT`` times."""
+        window = self.forward_samples.get(self.key(rows))
+        if window is None or not self.t1:
+            return {}
+        t1 = self.t1
+        return {q - 1: m / t1 - 1.0 for q, m, n in window.medians() if n >= MEASURED_AT and q > 1}
+
+    def _drafted(self, source: str | None, k: int, fixed: float, per_token: float) -> float:
+        """A draft of ``k`` tokens by ``source``: its median at k when measured ``MEASURED_AT``
+        times in its window, else ``fixed + per_token * k``."""
+        measured = self.draft_by_k.get(source) if source is not None else None
+        if measured and k in measured:
+            return measured[k]
+        return fixed + per_token * k
 
     # -- learning ------------------------------------------------------------------------
 
@@ -156,11 +202,13 @@ class CostModel:
             self._spec_overhead = None
         # the components that drafted (a cascade's row is labelled "ngram+draft_model")
         used = {part for s, d in zip(event.sources, event.drafted) if d for part in s.split("+")} | set(timed)
-        if self.t1 and len(timed) == 1 and len(event.row_ids) > 1 and event.draft_setup_s > 0:
-            src = next(iter(timed))  # a batch's catch-up of the one model drafter that ran
-            cost = event.draft_setup_s / self.t1
-            old = self.setup_cost.get(src)
-            self.setup_cost[src] = cost if old is None else 0.5 * old + 0.5 * cost
+        src = next(iter(timed)) if len(timed) == 1 else None
+        if self.t1 and src and event.draft_setup_s > 0:
+            # the catch-up of the one model drafter that ran: its start-up in this generation
+            # (the whole prompt) or a resumed draft's
+            costs = self.setup_cost if src in self.warm else self.start_cost
+            cost, old = event.draft_setup_s / self.t1, costs.get(src)
+            costs[src] = cost if old is None else 0.5 * old + 0.5 * cost
         self.drafted_last = set(timed)
         self._drift_unused(used)
         if not (self.t1 and event.drafted_max > 0):
@@ -245,6 +293,7 @@ class CostModel:
         for k, c in self.draft_samples[src]:
             by_k.setdefault(k, []).append(c)
         pts = [(k, median(cs), len(cs)) for k, cs in by_k.items()]
+        self.draft_by_k[src] = {k: m for k, m, n in pts if n >= MEASURED_AT}
         fixed, per = 0.0, sum(n * y for _, y, n in pts) / sum(n * x for x, _, n in pts)
         if len(pts) >= 2:
             xm, ym, slope = _weighted_line(pts)

@@ -177,10 +177,12 @@ class DynamicBudget:
         # a batch prices a drafter it has not measured by its structural estimate (prior_cost)
         cost.hints = (ctx.draft_cost_hints or {}) if B > 1 else {}
         d = min(cost.hints.values(), default=self.prior_draft_cost) if cheapest is None else costs[cheapest]
-        f = 0.0 if cheapest is None else fixeds.get(cheapest, 0.0) + cost.catch_up(cheapest, B)
+        f = 0.0 if cheapest is None else fixeds.get(cheapest, 0.0)
+        catch_up = 0.0 if cheapest is None else cost.catch_up(cheapest, B)
         scale = guard.scale()
         margin = guard.current_margin() if B > 1 else None
-        k, rate = self._search(accs, d, None, cost.spec_overhead + f, hits, scale, margin)
+        extra = cost.extra_costs(cheapest, B, self.max_draft, d, f)
+        k, rate = self._search(accs, d, None, cost.spec_overhead + catch_up, hits, scale, margin, extra)
         reason = "model"
         if k > 1 and B > 1 and key not in cost.verified_beta:
             # a batch size whose verify was never measured borrows its beta: probe with the
@@ -206,8 +208,10 @@ class DynamicBudget:
             for src, c in costs.items():
                 prior = acceptance.pooled_acceptance(src)
                 src_accs = [acceptance.source_acceptance(rid, src, prior) for rid in ctx.row_ids]
-                fixed = cost.spec_overhead + fixeds.get(src, 0.0) + cost.catch_up(src, B)
-                by_source[src] = [min(k, self.best_k(src_accs, c, fixed=fixed, hits=hits, scale=scale, margin=margin))] * B
+                extra = cost.extra_costs(src, B, self.max_draft, c, fixeds.get(src, 0.0))
+                fixed = cost.spec_overhead + cost.catch_up(src, B)
+                by_source[src] = [min(k, self.best_k(src_accs, c, fixed=fixed, hits=hits, scale=scale, margin=margin,
+                                                     extra=extra))] * B
         # one row lets model-free drafters (n-gram lookup) size their own drafts: k is the
         # row's average, the lookup knows its match.  A batch keeps k (the widest verify).
         free = [max(k, self.free_max_draft)] if B == 1 and self.free_max_draft > k else None
@@ -237,25 +241,29 @@ class DynamicBudget:
 
     def best_k(self, accs: list[float] | float, draft_cost: float | None = None, beta: float | None = None,
                fixed: float = 0.0, hits: list[float] | None = None, scale: float = 1.0,
-               margin: float | None = None) -> int:
+               margin: float | None = None, extra: list[float] | None = None) -> int:
         """One draft length for the batch: argmax_k (sum over rows of E[tokens | k]) / cost(k).
 
         Row b with acceptance probability a_b yields 1 + a_b + ... + a_b^k tokens from a
         verify of k drafts, or 1 when it gets no draft (``hits[b]``: how often it gets one);
         the step costs ``scale * (1 + fixed + (beta + draft_cost) * k)`` plain steps for the
-        whole batch when any row gets a draft, and 1 when none does.  k = 0 yields one
-        token per row at cost 1.  A k must beat the best so far by ``margin`` (default: 2%
+        whole batch when any row gets a draft, and 1 when none does; ``extra[k - 1]``, when
+        given (``CostModel.extra_costs``), replaces ``(beta + draft_cost) * k`` there.  k = 0
+        yields one token per row at cost 1.  A k must beat the best so far by ``margin`` (default: 2%
         for one row, ``batch_margin`` for a batch).  ``draft_cost`` and ``beta`` default
         to the prior draft cost and the cost model's current beta."""
         if isinstance(accs, (int, float)):
             accs = [accs]
-        return self._search(accs, draft_cost, beta, fixed, hits, scale, margin)[0]
+        return self._search(accs, draft_cost, beta, fixed, hits, scale, margin, extra)[0]
 
     def _search(self, accs: list[float], draft_cost: float | None, beta: float | None, fixed: float,
-                hits: list[float] | None, scale: float, margin: float | None) -> tuple[int, float]:
+                hits: list[float] | None, scale: float, margin: float | None,
+                extra: list[float] | None = None) -> tuple[int, float]:
         """``best_k``'s search: (k, its modelled tokens per plain step's time, summed over rows)."""
-        d = self.prior_draft_cost if draft_cost is None else draft_cost
-        slope = (self.cost.beta if beta is None else beta) + d
+        if extra is None:
+            d = self.prior_draft_cost if draft_cost is None else draft_cost
+            slope = (self.cost.beta if beta is None else beta) + d
+            extra = [slope * k for k in range(1, self.max_draft + 1)]
         accs = [min(max(a, 0.0), 0.995) for a in accs]
         hits = [1.0] * len(accs) if hits is None else hits
         n = float(len(accs))
@@ -267,10 +275,10 @@ class DynamicBudget:
         if margin is None:
             margin = SINGLE_ROW_MARGIN if len(accs) == 1 else self.batch_margin
         # no k can win when even endless drafts (a + a^2 + ... = a / (1 - a) per row) at the
-        # cheapest speculative step (k = 1) stay below the margin: found in one pass
-        cheapest = 1.0 - p_any + p_any * scale * (1.0 + fixed + slope)
+        # cheapest speculative step stay below the margin: found in one pass
+        cheapest = 1.0 - p_any + p_any * scale * (1.0 + fixed + min(extra))
         ceiling = n + sum(h * a / (1.0 - a) for h, a in zip(hits, accs))
-        if slope >= 0 and ceiling / cheapest <= n * margin:
+        if ceiling / cheapest <= n * margin:
             return 0, n
         best_k, best = 0, n
         terms = [1.0] * len(accs)
@@ -279,7 +287,7 @@ class DynamicBudget:
             for i, a in enumerate(accs):
                 terms[i] *= a
                 gain += hits[i] * terms[i]
-            rate = gain / (1.0 - p_any + p_any * scale * (1.0 + fixed + slope * k))
+            rate = gain / (1.0 - p_any + p_any * scale * (1.0 + fixed + extra[k - 1]))
             if rate > best * margin:
                 best_k, best = k, rate
         return best_k, best

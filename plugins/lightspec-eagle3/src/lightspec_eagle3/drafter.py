@@ -176,6 +176,7 @@ class Eagle3Drafter:
         self.have: dict[int, int] = {}  # request -> positions stored end here
         self.restart: set[int] = set()  # requests whose states had a gap: their cache starts again
         self.last_h: torch.Tensor | None = None  # [B, H] output of each row's last committed pair
+        self.caught_up = 0  # the most pairs a row fed at the last catch-up
         self.tree = None
         # taps handed over with a zero budget, not fused yet: (taps [B, n, L*H_t], first positions,
         # lengths, request ids) per call, oldest first
@@ -281,6 +282,7 @@ class Eagle3Drafter:
         seqs = ctx.sequences
         # absolute positions t of the pairs to feed: [base + fed, len - 1)
         new = [(self.base.get(r, 0) + self.fed[b], len(seqs[b]) - 1) for b, r in enumerate(ctx.row_ids)]
+        self.caught_up = max((e - s for s, e in new), default=0)
         if ctx.batch == 1:
             self._feed_one(ctx, *new[0])
             return self.last_h
@@ -363,7 +365,9 @@ class Eagle3Drafter:
         t0 = time.perf_counter()
         with torch.inference_mode():
             h = self.catch_up(ctx)
-            setup = time.perf_counter() - t0 if ctx.step <= 1 else 0.0
+            # a catch-up longer than a step's accepted tokens (the prompt, tokens decoded while
+            # the head did not draft) is the drafter's setup, not what a draft token costs
+            setup = time.perf_counter() - t0 if self.caught_up > self.max_draft + 1 else 0.0
             limits = [min(m, self.max_draft) for m in ctx.max_draft_list]
             if max(limits) == 0:
                 return None
