@@ -1,6 +1,6 @@
 """The ``eagle3`` strategy: an EAGLE-3 head drafting a chain from the target's hidden states,
 and the tree-expansion calls (``tree_start`` / ``tree_step`` / ``tree_commit``) that
-lightspec-tree's ``eagle3_tree`` builds dynamic trees with.  One file (about 525 lines) because
+lightspec-tree's ``eagle3_tree`` builds dynamic trees with.  One file (about 530 lines) because
 the chain and the tree calls share the head's cache bookkeeping.
 
 The head keeps its own ``KVCache``: one entry per *pair* (feature of token t, token t + 1) at
