@@ -701,16 +701,16 @@ def test_a_batch_charges_a_model_drafter_its_start_up_and_its_catch_up_when_it_r
     ev.draft_by_source = {"draft_model": (1 * T1, 1)}
     p.lightspec_on_stats(ev)
     assert p.cost.start_cost["draft_model"] == pytest.approx(2.0) and "draft_model" not in p.cost.setup_cost
-    assert p.cost.catch_up("draft_model", 8) == 0.0  # it drafted last step: nothing to catch up
+    assert p.cost.catch_up("draft_model") == 0.0  # it drafted last step: nothing to catch up
     p.lightspec_on_stats(step(1, T1, drafted=(0,) * 8, accepted=(0,) * 8))
     ev.draft_setup_s = 0.5 * T1  # resumed: it has drafted in this generation
     p.lightspec_on_stats(ev)
     assert p.cost.setup_cost["draft_model"] == pytest.approx(0.5) and p.cost.start_cost["draft_model"] == pytest.approx(2.0)
     p.lightspec_on_stats(step(1, T1, drafted=(0,) * 8, accepted=(0,) * 8))
-    assert p.cost.catch_up("draft_model", 8) == pytest.approx(0.5 / SETUP_HORIZON)
-    assert p.cost.catch_up("ngram", 8) == 0.0
+    assert p.cost.catch_up("draft_model") == pytest.approx(0.5 / SETUP_HORIZON)
+    assert p.cost.catch_up("ngram") == 0.0
     p.reset()  # the next generation starts with the start-up ahead
-    assert p.cost.catch_up("draft_model", 8) == pytest.approx(2.0 / SETUP_HORIZON)
+    assert p.cost.catch_up("draft_model") == pytest.approx(2.0 / SETUP_HORIZON)
 
 
 def timed_step(k: int, draft_s: float, setup_s: float = 0.0, verify_s: float | None = None) -> StepStats:
@@ -737,11 +737,11 @@ def test_a_single_row_charges_its_start_up_and_its_catch_up_when_it_resumes():
     p.lightspec_on_stats(plain())
     p.lightspec_on_stats(timed_step(1, 1.2 * T1, setup_s=T1))  # resumed after plain steps
     assert p.cost.setup_cost["draft_model"] == pytest.approx(1.0)
-    assert p.cost.catch_up("draft_model", 1) == 0.0  # it drafted last step
+    assert p.cost.catch_up("draft_model") == 0.0  # it drafted last step
     p.lightspec_on_stats(plain())
-    assert p.cost.catch_up("draft_model", 1) == pytest.approx(1.0 / SETUP_HORIZON)
+    assert p.cost.catch_up("draft_model") == pytest.approx(1.0 / SETUP_HORIZON)
     p.reset()
-    assert p.cost.catch_up("draft_model", 1) == pytest.approx(8.0 / SETUP_HORIZON)
+    assert p.cost.catch_up("draft_model") == pytest.approx(8.0 / SETUP_HORIZON)
     row = [history(accepted=5, rejected=5)]
     p.lightspec_on_stats(plain())
     assert k_of(p, row) == [0]  # a start-up of 8 plain steps is not worth it at acceptance 0.5

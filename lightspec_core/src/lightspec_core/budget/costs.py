@@ -36,7 +36,7 @@ PLAIN_WINDOW = 16  # plain forwards per cost key (kept apart: a speculating batc
 DRAFT_WINDOW = 16  # measurements per drafter
 FLOOR_AFTER = 8  # measurements before a drafter's cheapest line is remembered
 MAX_BETA = 2.0
-# a batch charges a model drafter's catch-up as a fixed cost spread over this many
+# a model drafter's catch-up (or start-up) is charged as a fixed cost spread over this many
 # speculative steps, when it did not draft on the last step
 SETUP_HORIZON = 8
 MEASURED_AT = 3  # samples of one verify width or draft length before their median replaces the line there
@@ -121,12 +121,11 @@ class CostModel:
         (``hints``, set for batches) or the flat prior (a single row tries any drafter)."""
         return self.hints.get(source, self.prior_draft_cost)
 
-    def catch_up(self, source: str, rows: int) -> float:
+    def catch_up(self, source: str) -> float:
         """What resuming ``source`` costs per speculative step, in plain steps, when it did
         not draft last step: its measured catch-up over ``SETUP_HORIZON`` steps, its
         start-up if it has not drafted yet in this generation (0 for drafters without
-        catch-up: n-gram lookup).  ``rows`` is kept for the callers that price a batch and
-        a row alike."""
+        catch-up: n-gram lookup)."""
         if source in self.drafted_last:
             return 0.0
         if source not in self.warm and source in self.start_cost:
@@ -161,9 +160,7 @@ class CostModel:
         ``MEASURED_AT`` samples of it, else its line: ``beta * k`` and ``fixed + per_token *
         k`` (the caller's draft line: an unmeasured source's prior, or its fit).  Call after
         ``use_fit`` for the same key."""
-        verified = self._verified(rows)
-        beta = self.beta
-        drafted = self.draft_by_k.get(source, {}) if source is not None else {}
+        verified, drafted, beta = self._verified(rows), self.draft_by_k.get(source, {}), self.beta
         return [verified.get(k, beta * k) + drafted.get(k, fixed + per_token * k) for k in range(1, max_k + 1)]
 
     def _verified(self, rows: int) -> dict[int, float]:
@@ -178,10 +175,7 @@ class CostModel:
     def _drafted(self, source: str | None, k: int, fixed: float, per_token: float) -> float:
         """A draft of ``k`` tokens by ``source``: its median at k when measured ``MEASURED_AT``
         times in its window, else ``fixed + per_token * k``."""
-        measured = self.draft_by_k.get(source) if source is not None else None
-        if measured and k in measured:
-            return measured[k]
-        return fixed + per_token * k
+        return self.draft_by_k.get(source, {}).get(k, fixed + per_token * k)
 
     # -- learning ------------------------------------------------------------------------
 

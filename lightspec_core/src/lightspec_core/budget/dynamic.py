@@ -178,7 +178,7 @@ class DynamicBudget:
         cost.hints = (ctx.draft_cost_hints or {}) if B > 1 else {}
         d = min(cost.hints.values(), default=self.prior_draft_cost) if cheapest is None else costs[cheapest]
         f = 0.0 if cheapest is None else fixeds.get(cheapest, 0.0)
-        catch_up = 0.0 if cheapest is None else cost.catch_up(cheapest, B)
+        catch_up = 0.0 if cheapest is None else cost.catch_up(cheapest)
         scale = guard.scale()
         margin = guard.current_margin() if B > 1 else None
         extra = cost.extra_costs(cheapest, B, self.max_draft, d, f)
@@ -209,7 +209,7 @@ class DynamicBudget:
                 prior = acceptance.pooled_acceptance(src)
                 src_accs = [acceptance.source_acceptance(rid, src, prior) for rid in ctx.row_ids]
                 extra = cost.extra_costs(src, B, self.max_draft, c, fixeds.get(src, 0.0))
-                fixed = cost.spec_overhead + cost.catch_up(src, B)
+                fixed = cost.spec_overhead + cost.catch_up(src)
                 by_source[src] = [min(k, self.best_k(src_accs, c, fixed=fixed, hits=hits, scale=scale, margin=margin,
                                                      extra=extra))] * B
         # one row lets model-free drafters (n-gram lookup) size their own drafts: k is the
