@@ -75,3 +75,36 @@ def test_bench_targets_judges_the_batch_target_as_one_family():
     assert met and "no cell measurably slower" in text
     name, text, met = bt.batch_target(runs(0.90))
     assert not met and text.startswith("measurably slower (Holm") and "s0" in text.split(";")[0]
+
+
+def test_policy_replay_replays_a_recording_and_digests_its_decisions(tmp_path, capsys):
+    """``policy_replay.py replay`` feeds a recording (decision inputs and step events, in order)
+    to a new policy: the same recording gives the same decisions digest every time, and a
+    recording whose steps differ gives another."""
+    import pickle
+    from types import SimpleNamespace
+
+    from test_budget import T1, history, step
+
+    pr = load("policy_replay")
+
+    def recording(accepted: int) -> str:
+        calls = [("reset", None)]
+        for i in range(30):
+            calls.append(("budget", SimpleNamespace(batch=1, deterministic=False, draft_cost_hints={"draft_model": 0.2},
+                                                    sampling=SimpleNamespace(greedy=True), row_ids=[0],
+                                                    history=[history(3 * i, i)], device="cpu")))
+            drafted = (3,) if i % 2 else (0,)
+            calls.append(("stats", step(4 if i % 2 else 1, T1, drafted=drafted, accepted=(accepted if i % 2 else 0,),
+                                        draft_s=0.3 * T1 if i % 2 else 0.0)))
+        path = tmp_path / f"rec{accepted}.pkl"
+        path.write_bytes(pickle.dumps({"strategy": "draft_model", "batch": 1, "budget": None, "calls": calls}))
+        return str(path)
+
+    digests = []
+    for accepted in (3, 3, 0):
+        pr.replay(recording(accepted), repeat=2, thrash_mb=1)
+        out = capsys.readouterr().out
+        assert "30 decisions" in out and "30 events learned" in out
+        digests.append(out.rsplit("digest ", 1)[1].strip())
+    assert digests[0] == digests[1] != digests[2]

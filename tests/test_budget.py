@@ -197,8 +197,10 @@ def test_backs_off_then_probes_again():
     while k_of(p, good) == [0]:
         p.lightspec_on_stats(step(1, T1))
         plain_steps += 1
-        assert plain_steps <= 40, "the policy never probes again"
-    assert plain_steps >= 4  # ...but not at once: the bad measurements still count for a while
+        assert plain_steps <= 48, "the policy never probes again"
+    # ...but not at once: the bad measurements still count for a while (34 steps here; up to
+    # MAX_RECHECK more while the row waits between decisions)
+    assert plain_steps >= 4
 
 
 def test_a_drafter_too_expensive_for_its_acceptance_is_not_probed_again_and_again():
@@ -746,6 +748,7 @@ def test_a_single_row_charges_its_start_up_and_its_catch_up_when_it_resumes():
     p.lightspec_on_stats(plain())
     assert k_of(p, row) == [0]  # a start-up of 8 plain steps is not worth it at acceptance 0.5
     p.cost.start_cost["draft_model"] = 0.0
+    p.recheck = 0  # decide now, not after the recheck steps that follow a k = 0 decision
     assert k_of(p, row)[0] >= 1  # without it, drafting pays
 
 
@@ -962,3 +965,46 @@ def test_a_tree_accepted_to_its_depth_counts_no_rejection():
     assert tree.source_acceptance(0, "t") == chain.source_acceptance(0, "t") > 0.8
     tree.learn(ev(8, 3, 2), offered=True, sources=["t"])  # stopped above its depth: a rejection
     assert tree.pooled["t"][1] == 1.0
+
+
+def test_a_single_row_rechecks_too_and_learns_the_recheck_steps_as_if_at_each_step():
+    """One row that chose k = 0 waits RECHECK (doubling to MAX_RECHECK) plain steps before
+    deciding again, as a batch does (a decision right after a forward cost ~0.1 ms of a ~2 ms
+    step).  The statistics of those steps are learned together at the next decision, which
+    then sees every estimate as if each step had been learned when it arrived.  A row that
+    explores (``explore_after``), or whose strategy has a model-free drafter (n-gram lookup:
+    waiting lost it matches), decides at every step."""
+    import copy
+
+    from lightspec_core.budget import MAX_RECHECK, RECHECK
+
+    p = DynamicBudget(beta=0.1, draft_cost=0.05)
+    ref = DynamicBudget(beta=0.1, draft_cost=0.05)  # learns every step at once
+    bad = [history(accepted=0, rejected=20)]
+    events = [step(1, T1 * (1 + 0.01 * (i % 7))) for i in range(40)]
+    reasons = []
+    for event in events:
+        b, r = p.lightspec_budget(ctx(bad)), ref.lightspec_budget(ctx(bad))
+        reasons.append(b.reason)
+        if b.reason == "recheck":
+            assert b.max_draft.tolist() == [0]
+        else:  # a decision: the same one, from the same estimates
+            assert (b.max_draft.tolist(), b.reason, b.estimates) == (r.max_draft.tolist(), r.reason, r.estimates)
+            assert (p.cost.t1, p.cost.beta, p.acceptance.pooled) == (ref.cost.t1, ref.cost.beta, ref.acceptance.pooled)
+        p.lightspec_on_stats(event)
+        ref.rechecking = False
+        ref.lightspec_on_stats(event)
+    assert p.deferred  # the last recheck steps wait for the next decision ...
+    p.reset()  # ... or the end of the generation
+    assert not p.deferred and len(p.cost.forward_samples[(1, True)]) == len(ref.cost.forward_samples[(1, True)])
+    waits = [len(run) for run in "".join("r" if r == "recheck" else "." for r in reasons).split(".")[2:-1]]
+    assert waits[:3] == [RECHECK, 2 * RECHECK, MAX_RECHECK]  # after calibrating and the first decision
+    explorer = DynamicBudget(beta=0.1, draft_cost=0.05, explore_after=64)
+    lookup = DynamicBudget(beta=0.1, draft_cost=0.05)  # a strategy with a model-free drafter
+    for event in events[:10]:
+        assert explorer.lightspec_budget(ctx(bad)).reason != "recheck"
+        explorer.lightspec_on_stats(copy.copy(event))
+        with_ngram = ctx(bad)
+        with_ngram.draft_cost_hints = {"ngram": 0.0, "draft_model": 0.2}
+        assert lookup.lightspec_budget(with_ngram).reason != "recheck"
+        lookup.lightspec_on_stats(copy.copy(event))

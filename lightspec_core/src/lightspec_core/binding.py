@@ -9,9 +9,12 @@ from .plugins import get_registry, new_plugin_manager
 
 
 def bind(name: str, strategy, verifier, budget, sinks: list) -> BoundStrategy:
-    """Resolve the per-step hooks of the pipeline's components to plain callables."""
+    """Resolve the per-step hooks of the pipeline's components to plain callables.  A
+    strategy without ``lightspec_propose`` never asks its budget policy, so the policy is
+    not fed statistics either (its learning would only slow every step)."""
     pm = new_plugin_manager()
-    objects = [strategy, verifier, budget, *sinks]
+    propose = getattr(strategy, "lightspec_propose", None)
+    objects = [strategy, verifier, *([budget] if propose is not None else []), *sinks]
     for i, obj in enumerate(objects):
         pm.register(obj, name=f"{i}:{getattr(obj, 'name', type(obj).__name__)}")
     for plugin in get_registry().pm.get_plugins():  # global plugins may be stats sinks too
@@ -21,7 +24,6 @@ def bind(name: str, strategy, verifier, budget, sinks: list) -> BoundStrategy:
 
     sink_impls = list(reversed(pm.hook.lightspec_on_stats.get_hookimpls()))
     on_stats = [impl.function for impl in sink_impls]
-    propose = getattr(strategy, "lightspec_propose", None)
     verify = getattr(verifier, "lightspec_verify", None)
     budget_fn = getattr(budget, "lightspec_budget", None)
     if verify is None:

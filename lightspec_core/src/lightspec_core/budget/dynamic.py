@@ -19,7 +19,11 @@ Plain steps the policy takes on its own, each with its ``Budget.reason``:
   guard over the model drafters' steps alone; while it holds, the free drafters draft and
   the model drafters do not;
 * ``"recheck"``: a batch that chose k = 0 decides again only after ``RECHECK`` more plain
-  steps, doubling up to ``MAX_RECHECK`` while it keeps choosing 0.
+  steps, doubling up to ``MAX_RECHECK`` while it keeps choosing 0; so does a single row
+  whose strategy has only model drafters and that does not explore (a model-free drafter
+  costs a row nothing when it finds no draft, and waiting lost n-gram lookup its matches).  The statistics of those plain steps are learned together when the
+  next decision needs them (``lightspec_on_stats`` defers them), which leaves every
+  estimate as it would be had each been learned at its step.
 
 One speculative step it may take on its own: ``"explore"`` (option ``explore_after``, off by
 default; ``EXPLORE_AFTER`` is the value tried): a single row whose model chose k = 0 for
@@ -123,9 +127,21 @@ class DynamicBudget:
         self.explore_after = explore_after
         self._tensors = TensorCache()
         self._plain_budgets: dict[tuple, Budget] = {}
+        self.rechecking = False  # the last decision was a recheck step: its statistics wait
+        self.deferred: list = []  # the recheck steps' events, learned at the next decision
+
+    def learn_deferred(self) -> None:
+        """Learn the recheck steps' events (a decision other than a recheck step, and
+        ``reset``, call this first)."""
+        self.rechecking = False
+        if self.deferred:
+            events, self.deferred = self.deferred, []
+            for event in events:
+                self._learn(event)
 
     def reset(self) -> None:
         """A generation ended (the engine calls this before each ``generate`` run)."""
+        self.learn_deferred()
         self.guard.reset()
         self.cost.new_generation()
         self.acceptance.new_generation()
@@ -138,6 +154,10 @@ class DynamicBudget:
     @hookimpl
     def lightspec_budget(self, ctx: StepContext) -> Budget:
         B = ctx.batch
+        if not (self.rechecking and self.recheck > 0 and self.recheck_rows == B and not ctx.deterministic):
+            # a recheck step reads nothing the deferred plain steps change (they set no hold,
+            # calibrate nothing new and keep the plain forward fresh): the rest learn them first
+            self.learn_deferred()
         self.deterministic = ctx.deterministic
         hints = ctx.draft_cost_hints or {}
         free = [s for s, h in hints.items() if h == 0]
@@ -164,6 +184,7 @@ class DynamicBudget:
             return self._hold_free(ctx, free)
         if self.recheck > 0 and self.recheck_rows == B:
             self.recheck -= 1
+            self.rechecking = True
             return self._plain(B, ctx.device, "recheck")
         cost.use_fit(key)
         acceptance = self.acceptance
@@ -191,7 +212,7 @@ class DynamicBudget:
         if B == 1:
             k, reason = self._explore(k, reason)
         self.last_k = k
-        if k == 0 and B > 1:
+        if k == 0 and (B > 1 or (reason == "model" and not self.first_explore and not free)):
             again = self.recheck_rows == B  # it chose plain decoding at its last decision too
             self.recheck_every = min(2 * self.recheck_every, MAX_RECHECK) if again else RECHECK
             self.recheck, self.recheck_rows = self.recheck_every, B
@@ -214,9 +235,9 @@ class DynamicBudget:
                                                      extra=extra))] * B
         # one row lets model-free drafters (n-gram lookup) size their own drafts: k is the
         # row's average, the lookup knows its match.  A batch keeps k (the widest verify).
-        free = [max(k, self.free_max_draft)] if B == 1 and self.free_max_draft > k else None
+        free_limit = [max(k, self.free_max_draft)] if B == 1 and self.free_max_draft > k else None
         return Budget(self._tensors.get((k,) * B, ctx.device), self._thresholds(ctx), by_source=by_source,
-                      free_max_draft=free, reason=reason, estimates=estimates)
+                      free_max_draft=free_limit, reason=reason, estimates=estimates)
 
     def _hold_free(self, ctx: StepContext, free: list[str]) -> Budget:
         """A step the model drafters' guard holds (a single row whose strategy combines
@@ -296,6 +317,14 @@ class DynamicBudget:
     def lightspec_on_stats(self, event) -> None:
         if getattr(event, "kind", None) != "step":
             return
+        if self.rechecking and event.drafted_max == 0:
+            # learned with the next decision, when the caches are warm from the first of them:
+            # each step's learning right after a forward cost ~0.1 ms at batch 1 on the CPU
+            self.deferred.append(event)
+            return
+        self._learn(event)
+
+    def _learn(self, event) -> None:
         self.cost.learn(event)
         self.guard.track(event, self.deterministic)
         self.guard.check(event)
