@@ -1,6 +1,6 @@
 """The budget policies on synthetic step statistics: the dynamic policy's draft-length
 choice, its cost learning (robust to timing spikes), its back-off and re-probing, the
-batch-wide draft length, and the static policy.  One long file (over 800 lines) because its
+batch-wide draft length, and the static policy.  One long file (over 1,000 lines) because its
 synthetic-step helpers (``step``, ``plain``, ``calibrate``, ``ctx``...) are what the other
 budget test modules import; the tests of one mechanism stay next to each other."""
 
