@@ -21,9 +21,10 @@ Plain steps the policy takes on its own, each with its ``Budget.reason``:
 * ``"recheck"``: a batch that chose k = 0 decides again only after ``RECHECK`` more plain
   steps, doubling up to ``MAX_RECHECK`` while it keeps choosing 0; so does a single row
   whose strategy has only model drafters and that does not explore (a model-free drafter
-  costs a row nothing when it finds no draft, and waiting lost n-gram lookup its matches).  The statistics of those plain steps are learned together when the
-  next decision needs them (``lightspec_on_stats`` defers them), which leaves every
-  estimate as it would be had each been learned at its step.
+  costs a row nothing when it finds no draft, and waiting lost n-gram lookup its matches).
+  The statistics of those plain steps are learned together when the next decision needs
+  them (``lightspec_on_stats`` defers them), which leaves every estimate as it would be
+  had each been learned at its step.
 
 One speculative step it may take on its own: ``"explore"`` (option ``explore_after``, off by
 default; ``EXPLORE_AFTER`` is the value tried): a single row whose model chose k = 0 for
