@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Check a ``lightspec bench --suite default --json`` report against the issues' targets.
 
-Prints a Markdown table (target, measured, met?) and the overall ratio of every method
-per run (total tokens over total time across the workloads).  Used to write the
+Prints a Markdown table (target, measured, met?) for the core's targets (issues 2 and 4) and the
+plugins' (issues 26 and 27, ``plugin_targets``), a table of batch 1 greedy speed against
+LightSpec's ``none`` with mean accepted lengths per workload, and the overall ratio of every
+method per run (total tokens over total time across the workloads).  Used to write the
 "Against the issues' targets" section of docs/benchmarks.md.
 
     python scripts/bench_targets.py docs/benchmarks.json
@@ -151,7 +153,122 @@ def batch_target(runs: dict) -> tuple[str, str, bool]:
                     pooled.append(f"{name} {ci[0]:.3f}× ({ci[1]:.3f}-{ci[2]:.3f}) t={t}")
     if pooled:
         text += "; over all workloads (paired rounds pooled): " + ", ".join(pooled)
-    return "issue 4: at batch 8 speculation never slower than LightSpec's `none`", text, not slower
+    return "issues 4, 26 and 27: at batch 8 speculation never slower than LightSpec's `none`", text, not slower
+
+
+def by_name(workload: dict) -> dict[str, dict]:
+    return {r["name"]: r for r in workload["results"] if not r["error"]}
+
+
+def accepted_overall(run: dict, name: str) -> float | None:
+    """Mean accepted length (tokens per target forward) of ``name`` over all workloads: total
+    tokens over total verify steps, each workload's steps being its tokens / its mean."""
+    tokens = steps = 0.0
+    for w in run["workloads"].values():
+        r = by_name(w).get(name)
+        if r is None or not r.get("mean_accepted_length"):
+            return None
+        tokens += r["tokens"]
+        steps += r["tokens"] / r["mean_accepted_length"]
+    return tokens / steps if steps else None
+
+
+def per_workload(run: dict, a: str, b: str) -> dict[str, float]:
+    """``a``'s tokens/s over ``b``'s per workload (point estimates)."""
+    out = {}
+    for wname, w in run["workloads"].items():
+        r = by_name(w)
+        if a in r and b in r and r[b]["tokens_per_s"]:
+            out[wname] = r[a]["tokens_per_s"] / r[b]["tokens_per_s"]
+    return out
+
+
+def _pooled(run: dict, a: str, b: str) -> str:
+    ci = pooled_ci(run, a, b)
+    return f"paired {ci[0]:.3f}× (95% {ci[1]:.3f}-{ci[2]:.3f})" if ci else "no paired rounds"
+
+
+def _words(ratios: dict[str, float]) -> str:
+    return ", ".join(f"{w} {v:.2f}×" for w, v in ratios.items())
+
+
+TREE_CHAINS = {"eagle3_tree": "eagle3", "dynamic_tree": "draft_model", "static_tree": "draft_model"}
+
+
+def plugin_targets(b1: dict) -> list[tuple[str, str, bool]]:
+    """Issues 26 and 27's targets that one batch 1 greedy run can judge, for the methods it has.
+    "Faster" and "beats" are judged on the paired rounds pooled over the workloads (the 95%
+    interval above 1); "on every workload" on each workload's point estimate."""
+    rows = []
+    o = overall(b1)
+    names = set(o)
+    if "none" not in o:
+        return rows
+    for tree, chain in TREE_CHAINS.items():
+        if tree in names and chain in names:
+            at, ac = accepted_overall(b1, tree), accepted_overall(b1, chain)
+            speed = per_workload(b1, tree, chain)
+            gain = at / ac - 1 if at and ac else None
+            rows.append((f"issue 26: `{tree}` ≥ +20% mean accepted length over `{chain}` and its tokens/s on every workload",
+                         f"{at:.2f} against {ac:.2f} ({gain:+.0%}); tokens/s {_words(speed)}; {_pooled(b1, tree, chain)}",
+                         gain is not None and gain >= 0.2 and min(speed.values()) >= 1.0))
+    if "dspark" in names and "draft_model" in names:
+        a = accepted_overall(b1, "dspark")
+        ci = pooled_ci(b1, "dspark", "draft_model")
+        rows.append(("issue 26: `dspark` mean accepted length ≥ 2.5 overall and faster than `draft_model`",
+                     f"{a:.2f}; against `draft_model` {_pooled(b1, 'dspark', 'draft_model')}",
+                     a >= 2.5 and ci is not None and ci[1] > 1.0))
+    unions = sorted(n for n in names if "union" in n)
+    for u in unions:
+        alone = [n for n in ("ngram", "draft_model") if n in names]
+        cis = {n: pooled_ci(b1, u, n) for n in alone}
+        rows.append((f"issue 26: `{u}` beats each drafter alone",
+                     "; ".join(f"against `{n}` {_pooled(b1, u, n)}" for n in alone),
+                     bool(alone) and all(c is not None and c[1] > 1.0 for c in cis.values())))
+    speculative = [n for n in names if n not in ("none", CONTROL) and not n.startswith("hf_")]
+    if speculative:
+        best = max(speculative, key=lambda n: o[n])
+        edit = per_workload(b1, best, "none").get("edit")
+        best_edit = max(speculative, key=lambda n: per_workload(b1, n, "none").get("edit", 0.0))
+        edit_best = per_workload(b1, best_edit, "none").get("edit")
+        rows.append(("issues 26 and 27: best strategy ≥ 1.5× (26) and ≥ 1.6× (27) `none` overall, ≥ 2.0× on `edit` (26)",
+                     f"best overall `{best}` {o[best] / o['none']:.2f}× ({_pooled(b1, best, 'none')}; `edit` "
+                     f"{edit:.2f}×); best on `edit` `{best_edit}` {edit_best:.2f}×",
+                     o[best] / o["none"] >= 1.6 and (edit_best or 0) >= 2.0))
+    if "eagle3" in names:
+        chain = accepted_overall(b1, "eagle3")
+        tree = accepted_overall(b1, "eagle3_tree") if "eagle3_tree" in names else None
+        rows.append(("issue 27: EAGLE-3 mean accepted length ≥ 3.0 with trees and ≥ 2.6 as a chain (under the run's budget)",
+                     f"chain {chain:.2f}" + (f", tree {tree:.2f}" if tree else ", tree not measured"),
+                     chain >= 2.6 and tree is not None and tree >= 3.0))
+        for other in ("draft_model", "hybrid"):
+            if other in names:
+                speed = per_workload(b1, "eagle3", other)
+                rows.append((f"issue 27: `eagle3` tokens/s above `{other}` on every workload",
+                             f"{_words(speed)}; {_pooled(b1, 'eagle3', other)}", min(speed.values()) > 1.0))
+    return rows
+
+
+def vs_none_table(run: dict) -> list[str]:
+    """Markdown: every LightSpec method's speed against ``none`` / mean accepted length per
+    workload, and overall, best overall first."""
+    o = overall(run)
+    if "none" not in o:
+        return []
+    names = sorted((n for n in o if n != "none" and not n.startswith("hf_")), key=lambda n: -o[n])
+    lines = ["| method | " + " | ".join(run["workloads"]) + " | overall |",
+             "|---|" + "---|" * len(run["workloads"]) + "---|"]
+    for n in names:
+        cells = []
+        for w in run["workloads"].values():
+            r = by_name(w)
+            if n in r and "none" in r:
+                mal = r[n].get("mean_accepted_length")
+                cells.append(f"{r[n]['tokens_per_s'] / r['none']['tokens_per_s']:.2f}×" + (f" / {mal:.2f}" if mal else ""))
+            else:
+                cells.append("-")
+        lines.append(f"| {n} | " + " | ".join(cells) + f" | {o[n] / o['none']:.2f}× |")
+    return lines
 
 
 def main(path: str) -> None:
@@ -206,6 +323,7 @@ def main(path: str) -> None:
     if any(bs > 1 for bs, _ in runs):
         rows.append(batch_target(runs))
     if b1:
+        rows += plugin_targets(b1)
         ident = all(r["identical_to_hf"] is None or r["identical_to_hf"] == (r.get("identical_checked") or w["prompts"])
                     for run in report["runs"] if run["temperature"] == 0
                     for w in run["workloads"].values() for r in w["results"])
@@ -215,6 +333,9 @@ def main(path: str) -> None:
     for target, measured, met in rows:
         print(f"| {target} | {measured} | {'yes' if met else 'no'} |")
     print()
+    if b1:
+        print("Batch 1 greedy, speed vs `none` / mean accepted length:\n")
+        print("\n".join(vs_none_table(b1)) + "\n")
     for (bs, t), run in runs.items():
         o = overall(run)
         base = "hf_vanilla" if "hf_vanilla" in o else "none"

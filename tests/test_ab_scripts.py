@@ -108,3 +108,40 @@ def test_policy_replay_replays_a_recording_and_digests_its_decisions(tmp_path, c
         assert "30 decisions" in out and "30 events learned" in out
         digests.append(out.rsplit("digest ", 1)[1].strip())
     assert digests[0] == digests[1] != digests[2]
+
+
+def test_bench_targets_judges_the_plugin_targets_from_one_run():
+    """scripts/bench_targets.py's issue 26/27 rows: accepted lengths pooled as tokens over steps,
+    "on every workload" from each workload's point estimate, "beats"/"faster" from the paired
+    rounds pooled (the 95% interval above 1)."""
+    spec = importlib.util.spec_from_file_location("bench_targets", AB.parent / "bench_targets.py")
+    bt = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bt)
+    base = {"code": [1.0, 1.1, 1.05, 0.98], "edit": [1.2, 1.15, 1.25, 1.22]}
+
+    def res(name, speed, mal, w, wobble=0.0):
+        secs = [b / speed * (1 + wobble * (-1) ** i) for i, b in enumerate(base[w])]
+        return {"name": name, "error": None, "tokens": 256, "seconds": sum(secs), "tokens_per_s": 256 / sum(secs),
+                "round_tokens": [64] * 4, "round_seconds": secs, "mean_accepted_length": mal}
+
+    spec_by_w = {  # name: (speed vs none, mean accepted length) on code, edit
+        "none": ((1.0, 1.0), (1.0, 1.0)), "eagle3": ((1.3, 2.0), (0.9, 2.0)), "eagle3_tree": ((1.4, 3.0), (1.0, 2.2)),
+        "draft_model": ((1.1, 2.5), (1.0, 2.0)), "hybrid": ((1.1, 2.0), (2.0, 3.0)),
+        "ngram": ((1.05, 1.5), (1.9, 2.8)), "union.yaml": ((1.15, 2.6), (2.2, 3.1)), "dspark": ((1.3, 2.6), (1.1, 2.5))}
+    run = {"workloads": {w: {"results": [res(n, *v[i], w, 0.01) for n, v in spec_by_w.items()]}
+                         for i, w in enumerate(base)}}
+    rows = {name: (text, met) for name, text, met in bt.plugin_targets(run)}
+    assert abs(bt.accepted_overall(run, "eagle3_tree") - 512 / (256 / 3.0 + 256 / 2.2)) < 1e-9
+    tree = next(v for k, v in rows.items() if "`eagle3_tree` ≥ +20%" in k)
+    assert tree[1] and "+" in tree[0]  # 2.54 against 2.0 (+27%), speed 1.08 and 1.11 of the chain
+    dspark = next(v for k, v in rows.items() if "`dspark` mean" in k)
+    assert dspark[1] and dspark[0].startswith("2.55")  # 2.55 >= 2.5 and 1.18× / 1.1× draft_model in every round
+    union = next(v for k, v in rows.items() if "union.yaml" in k)
+    assert union[1]
+    best = next(v for k, v in rows.items() if "best strategy" in k)
+    # the union: 2.20× on edit, but 1.55× overall (9.0 s of `none` against 5.8 s), below 1.6×
+    assert not best[1] and "best overall `union.yaml` 1.55×" in best[0] and "`edit` 2.20×" in best[0]
+    above = [v for k, v in rows.items() if "`eagle3` tokens/s" in k]
+    assert len(above) == 2 and not any(met for _, met in above)  # 0.9× draft_model on edit, 0.45× hybrid
+    table = bt.vs_none_table(run)
+    assert table[2] == "| union.yaml | 1.15× / 2.60 | 2.20× / 3.10 | 1.55× |"
