@@ -3,7 +3,7 @@
 "The policy's own cost").
 
 ``record``: runs STRATEGY under the budget policy ``--budget`` (default: the pipeline's)
-(batch 1, greedy, zoo models, 64 new tokens, one warm-up generation, then the suite's first
+(batch 1, greedy or ``--temperature T`` unseeded, zoo models, 64 new tokens, one warm-up generation, then the suite's first
 ``--limit`` prompts per workload, or ``--batch`` prompts at once) and saves every decision's
 inputs (the parts of ``StepContext`` the policy reads) and every step's ``StepStats``, in
 order, to a pickle.
@@ -20,7 +20,7 @@ that large between calls (untimed), which puts the replay's times near the ones 
 generations (the engine's "budget" stage).
 
 Usage:
-  python scripts/ab/policy_replay.py record STRATEGY OUT.pkl [--limit 2] [--batch 1] [--budget SPEC]
+  python scripts/ab/policy_replay.py record STRATEGY OUT.pkl [--limit 2] [--batch 1] [--budget SPEC] [--temperature T]
   python scripts/ab/policy_replay.py replay IN.pkl [--repeat 20] [--thrash 64]
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def record(strategy: str, out: str, limit: int, batch: int, budget_spec: str | None) -> None:
+def record(strategy: str, out: str, limit: int, batch: int, budget_spec: str | None, temperature: float = 0.0) -> None:
     import torch
     from speed_ceiling import WORKLOADS, prompts
 
@@ -69,7 +69,8 @@ def record(strategy: str, out: str, limit: int, batch: int, budget_spec: str | N
     pipe.generate(prompts("code", 1)[0], max_new_tokens=8)  # first-use costs
     texts = [t for w in WORKLOADS for t in prompts(w, limit)]
     for i in range(0, len(texts), batch):
-        pipe.generate(texts[i:i + batch] if batch > 1 else texts[i], max_new_tokens=64, ignore_eos=True)
+        pipe.generate(texts[i:i + batch] if batch > 1 else texts[i], max_new_tokens=64, ignore_eos=True,
+                      temperature=temperature)
     with open(out, "wb") as f:
         pickle.dump({"strategy": strategy, "batch": batch, "budget": budget_spec, "calls": calls}, f)
     print(f"{strategy}: {sum(c[0] == 'budget' for c in calls)} decisions, "
@@ -125,13 +126,14 @@ def main() -> None:
     r.add_argument("--limit", type=int, default=2)
     r.add_argument("--batch", type=int, default=1)
     r.add_argument("--budget", default=None)
+    r.add_argument("--temperature", type=float, default=0.0)
     p = sub.add_parser("replay")
     p.add_argument("path")
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--thrash", type=int, default=64)
     a = ap.parse_args()
     if a.cmd == "record":
-        record(a.strategy, a.out, a.limit, a.batch, a.budget)
+        record(a.strategy, a.out, a.limit, a.batch, a.budget, a.temperature)
     else:
         replay(a.path, a.repeat, a.thrash)
 
