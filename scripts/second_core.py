@@ -37,11 +37,11 @@ from pathlib import Path
 
 import lightspec_zoo
 import torch
+from lightspec_core.kvcache import KVCache
+from lightspec_core.lean_decoder import lean_forward
 from speed_ceiling import WORKLOADS, prompts
 
 from lightspec_core import MTPPipeline
-from lightspec_core.kvcache import KVCache
-from lightspec_core.lean_decoder import lean_forward
 
 # the verify forward over q = 1..9 slots on the AMD EPYC (AVX2) of run AQ, ms (speed-ceiling.md)
 T_VERIFY_AVX2 = [2.30, 2.92, 3.08, 3.34, 4.04, 4.40, 4.80, 5.10, 5.50]

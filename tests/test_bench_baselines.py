@@ -71,12 +71,26 @@ def test_hf_baselines_run_on_stock_copies_and_the_kernels_row_on_lightspecs_targ
             assert r["bubble_ratio"] is None
         else:
             assert 0 <= r["bubble_ratio"] <= 1 and 0 <= r["bubble_ratio_lockstep"] <= 1, r
+    # speculation's own gain: LightSpec's methods against `none` as well as against HF
+    plain = by_name["none"]["tokens_per_s"]
+    for r in w["results"]:
+        if r["family"] == "hf":
+            assert r["speedup_vs_none"] is None and r["speedup_vs_none_ci95"] is None
+        else:
+            assert r["speedup_vs_none"] == pytest.approx(r["tokens_per_s"] / plain)
+    assert by_name["none"]["speedup_vs_none"] == 1.0 and by_name["none"]["speedup_vs_none_ci95"] is None
+    ci = by_name["draft_model"]["speedup_vs_none_ci95"]
+    assert ci is None or ci[0] <= ci[1]
     assert any("stock copies" in n for n in report["notes"])
     assert any(n.startswith(bench.KERNELS_ROW) for n in report["notes"])
     md = out_md.read_text()
     assert f"| {bench.KERNELS_ROW} |" in md and "| bubble |" in md and "stock copies" in md
+    assert "| method (all workloads) | tok/s | speed-up vs hf_vanilla | vs `none` |" in md
+    assert "| hf_vanilla | " in md and "| none | " in md
+    overall_rows = [line for line in md.splitlines() if line.startswith("| draft_model |")]
+    assert overall_rows[0].count("|") == 5 and overall_rows[1].count("|") == 12  # the overall row, the workload's
     table = capsys.readouterr().out
-    assert bench.KERNELS_ROW in table and "bubble" in table
+    assert bench.KERNELS_ROW in table and "bubble" in table and "vs none (95% CI)" in table
 
 
 def test_no_stock_copies_without_hf_baselines(folders, tmp_path, capsys, monkeypatch):

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch  # noqa: E402
-from speed_ceiling import WORKLOADS, prompts  # noqa: E402
-
 import lightspec_core.engine as engine  # noqa: E402
 import lightspec_core.engine_parts as engine_parts  # noqa: E402
 import lightspec_core.runner as runner  # noqa: E402
+import torch  # noqa: E402
+from speed_ceiling import WORKLOADS, prompts  # noqa: E402
+
 from lightspec_core import MTPPipeline  # noqa: E402
 
 TIMES: dict[str, list[float]] = {"commit": [], "add_hidden": [], "runner_commit": []}

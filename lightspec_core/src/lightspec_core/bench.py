@@ -197,6 +197,14 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
                 for r in results:
                     ci = None if r is vanilla or r.error else paired_speedup(r, vanilla)
                     r.speedup_ci95 = ci[1:] if ci else None
+            plain = next((r for r in results if r.name == "none" and not r.error), None)
+            if plain is not None and plain is not vanilla and plain.tokens_per_s:
+                # speculation's own gain: every LightSpec method against `none` as well as against HF
+                plain.vs_none = (1.0, None, None)
+                for r in results:
+                    if r.family == "lightspec" and not r.error and r is not plain:
+                        ci = paired_speedup(r, plain)
+                        r.vs_none = (r.tokens_per_s / plain.tokens_per_s,) + (tuple(ci[1:]) if ci else (None, None))
             vt = vanilla.tokens_per_s if vanilla else None
             if stats:
                 stats_events += bench_link.append_step_events(stats[0], results, f"{wname} b{bs} t{temp}")
@@ -349,10 +357,12 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
 
 
 def format_table(wname: str, w: dict, n: int) -> str:
-    from .report import speedup_text
+    from .report import speedup_text, vs_none_text
 
+    vs_none = any(r.get("speedup_vs_none") for r in w["results"])
     lines = [f"\n== {wname} ({n} prompts; speed-up vs {w['baseline']}) ==",
-             f"{'method':<30}{'tok/s':>9}{'speed-up (95% CI)':>22}{'acc.len':>9}{'accept':>8}{'overhead':>10}{'bubble':>8}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
+             f"{'method':<30}{'tok/s':>9}{'speed-up (95% CI)':>22}" + (f"{'vs none (95% CI)':>22}" if vs_none else "")
+             + f"{'acc.len':>9}{'accept':>8}{'overhead':>10}{'bubble':>8}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
     for r in w["results"]:
         if r["error"]:
             lines.append(f"{r['name']:<30} error: {r['error'][:90]}")
@@ -364,7 +374,8 @@ def format_table(wname: str, w: dict, n: int) -> str:
         bu = f"{r['bubble_ratio']:.1%}" if r.get("bubble_ratio") is not None else "-"
         ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{r.get('identical_checked') or n}"
         pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8])
-        lines.append(f"{r['name']:<30}{r['tokens_per_s']:>9.1f}{sp:>22}{al:>9}{ac:>8}{ov:>10}{bu:>8}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
+        vn = f"{vs_none_text(r, 'x'):>22}" if vs_none else ""
+        lines.append(f"{r['name']:<30}{r['tokens_per_s']:>9.1f}{sp:>22}{vn}{al:>9}{ac:>8}{ov:>10}{bu:>8}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
     return "\n".join(lines)
 
 

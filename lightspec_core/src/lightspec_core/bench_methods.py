@@ -43,6 +43,8 @@ class MethodResult:
     round_tokens: list[int] = field(default_factory=list)
     round_seconds: list[float] = field(default_factory=list)
     speedup_ci95: tuple[float, float] | None = None  # against the workload's baseline, set by ``main``
+    # against LightSpec's ``none`` where the baseline is HF's (batch 1): (point, low, high), set by ``main``
+    vs_none: tuple[float, float | None, float | None] | None = None
     # LightSpec methods: the step events of the timed runs (for the per-step report page)
     step_events: list = field(default_factory=list, repr=False)
 
@@ -73,6 +75,8 @@ class MethodResult:
             "bubble_ratio_lockstep": self.bubble_s / self.step_s if self.step_s else None,
             "identical_to_hf": self.identical, "identical_checked": self.checked, "error": self.error,
             "speedup_ci95": list(self.speedup_ci95) if self.speedup_ci95 else None,
+            "speedup_vs_none": self.vs_none[0] if self.vs_none else None,
+            "speedup_vs_none_ci95": list(self.vs_none[1:]) if self.vs_none and self.vs_none[1] is not None else None,
             "round_tokens": self.round_tokens, "round_seconds": self.round_seconds,
         }
 

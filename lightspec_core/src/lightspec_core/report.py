@@ -85,9 +85,21 @@ def overall(run: dict) -> list[dict]:
             t[1] += r["seconds"]
     base = tot.get(base_name)
     base_tps = base[0] / base[1] if base and base[1] else None
+    plain = tot.get("none") if base_name != "none" else None
+    plain_tps = plain[0] / plain[1] if plain and plain[1] else None
     return [{"name": n, "tokens_per_s": a / b if b else 0.0,
-             "speedup": (a / b) / base_tps if b and base_tps else None, "baseline": base_name}
+             "speedup": (a / b) / base_tps if b and base_tps else None, "baseline": base_name,
+             "vs_none": (a / b) / plain_tps if b and plain_tps and not n.startswith("hf_") else None}
             for n, (a, b) in tot.items()]
+
+
+def vs_none_text(r: dict, times: str = "×") -> str:
+    """A LightSpec result's speed against ``none`` in the same run (batch 1, where the baseline
+    is HF's), with the paired rounds' 95% interval where there is one; "-" for others."""
+    if not r.get("speedup_vs_none"):
+        return "-"
+    ci = r.get("speedup_vs_none_ci95")
+    return f"{r['speedup_vs_none']:.2f}{times}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
 
 
 def speedup_text(r: dict, times: str = "×") -> str:
@@ -100,21 +112,28 @@ def speedup_text(r: dict, times: str = "×") -> str:
 
 
 def _run_tables(report: dict) -> list[str]:
-    lines = ["| method (all workloads) | tok/s | speed-up vs " + str(next(iter(report["workloads"].values()))["baseline"]) + " |",
-             "|---|---:|---:|"]
-    for o in overall(report):
+    rows = overall(report)
+    vs_none = any(o["vs_none"] for o in rows)  # batch 1: LightSpec's methods against `none` as well
+    lines = ["| method (all workloads) | tok/s | speed-up vs " + str(next(iter(report["workloads"].values()))["baseline"])
+             + (" | vs `none` |" if vs_none else " |"), "|---|---:|---:|" + ("---:|" if vs_none else "")]
+    for o in rows:
         sp = f"{o['speedup']:.2f}×" if o["speedup"] else "-"
-        lines.append(f"| {o['name']} | {o['tokens_per_s']:.1f} | {sp} |")
+        vn = (f" {o['vs_none']:.2f}× |" if o["vs_none"] else " - |") if vs_none else ""
+        lines.append(f"| {o['name']} | {o['tokens_per_s']:.1f} | {sp} |{vn}")
     lines.append("")
     for wname, w in report["workloads"].items():
-        lines += [f"#### {wname} ({w['prompts']} prompts; speed-up vs {w['baseline']}, with the 95% interval of the paired rounds)", "",
-                  "| method | tok/s | speed-up | mean accepted length | acceptance | overhead | bubble | +peak mem (MB) | identical | per-position acceptance |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        wv = any(r.get("speedup_vs_none") for r in w["results"])
+        lines += [f"#### {wname} ({w['prompts']} prompts; speed-up vs {w['baseline']}"
+                  + (" and vs `none`" if wv else "") + ", with the 95% interval of the paired rounds)", "",
+                  "| method | tok/s | speed-up" + (" | vs `none`" if wv else "")
+                  + " | mean accepted length | acceptance | overhead | bubble | +peak mem (MB) | identical | per-position acceptance |",
+                  "|---|---:|---:|" + ("---:|" if wv else "") + "---:|---:|---:|---:|---:|---:|---|"]
         for r in w["results"]:
             if r["error"]:
-                lines.append(f"| {r['name']} | error: {escape(r['error'][:80])} | | | | | | | | |")
+                cells = [r["name"], f"error: {escape(r['error'][:80])}"] + [""] * (9 if wv else 8)
+                lines.append("| " + " | ".join(cells) + " |")
                 continue
-            sp = speedup_text(r, "×")
+            sp = speedup_text(r, "×") + (f" | {vs_none_text(r)}" if wv else "")
             al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
             ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
             ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
