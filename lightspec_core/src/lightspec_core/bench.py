@@ -27,6 +27,7 @@ from .bench_memory import MEMORY_RUNS, PeakMemory  # noqa: F401
 from .bench_methods import HFMethod, LightSpecMethod, MethodResult, bubble_seconds  # noqa: F401
 from .bench_stats import holm_rejected, paired_speedup, ratio_interval, slower_p_value  # noqa: F401
 from .errors import LightSpecError
+from .report import format_table  # noqa: F401 - part of bench's API
 
 
 @dataclass
@@ -354,29 +355,6 @@ def run_workload(target, draft, pipes, ids, max_new, bs, temp, hf_lookup_tokens,
         m.result.error = failed.get(m.result.name)
         results.append(m.result)
     return results
-
-
-def format_table(wname: str, w: dict, n: int) -> str:
-    from .report import speedup_text, vs_none_text
-
-    vs_none = any(r.get("speedup_vs_none") for r in w["results"])
-    lines = [f"\n== {wname} ({n} prompts; speed-up vs {w['baseline']}) ==",
-             f"{'method':<30}{'tok/s':>9}{'speed-up (95% CI)':>22}" + (f"{'vs none (95% CI)':>22}" if vs_none else "")
-             + f"{'acc.len':>9}{'accept':>8}{'overhead':>10}{'bubble':>8}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
-    for r in w["results"]:
-        if r["error"]:
-            lines.append(f"{r['name']:<30} error: {r['error'][:90]}")
-            continue
-        sp = speedup_text(r, "x")
-        al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
-        ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
-        ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
-        bu = f"{r['bubble_ratio']:.1%}" if r.get("bubble_ratio") is not None else "-"
-        ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{r.get('identical_checked') or n}"
-        pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8])
-        vn = f"{vs_none_text(r, 'x'):>22}" if vs_none else ""
-        lines.append(f"{r['name']:<30}{r['tokens_per_s']:>9.1f}{sp:>22}{vn}{al:>9}{ac:>8}{ov:>10}{bu:>8}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
-    return "\n".join(lines)
 
 
 def machine_info(dev: torch.device) -> dict:

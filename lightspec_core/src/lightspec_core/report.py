@@ -1,4 +1,5 @@
-"""Markdown (with SVG plots) for ``lightspec bench`` reports."""
+"""``lightspec bench``'s tables: the printed text table per workload, and Markdown (with SVG plots)
+for the report."""
 
 from __future__ import annotations
 
@@ -109,6 +110,28 @@ def speedup_text(r: dict, times: str = "×") -> str:
         return "-"
     ci = r.get("speedup_ci95")
     return f"{r['speedup_vs_hf']:.2f}{times}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+
+
+def format_table(wname: str, w: dict, n: int) -> str:
+    """One workload's results as the plain-text table ``lightspec bench`` prints."""
+    vs_none = any(r.get("speedup_vs_none") for r in w["results"])
+    lines = [f"\n== {wname} ({n} prompts; speed-up vs {w['baseline']}) ==",
+             f"{'method':<30}{'tok/s':>9}{'speed-up (95% CI)':>22}" + (f"{'vs none (95% CI)':>22}" if vs_none else "")
+             + f"{'acc.len':>9}{'accept':>8}{'overhead':>10}{'bubble':>8}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
+    for r in w["results"]:
+        if r["error"]:
+            lines.append(f"{r['name']:<30} error: {r['error'][:90]}")
+            continue
+        sp = speedup_text(r, "x")
+        al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
+        ac = f"{r['acceptance_rate']:.0%}" if r["acceptance_rate"] is not None else "-"
+        ov = f"{r['overhead_fraction']:.1%}" if r["overhead_fraction"] is not None else "-"
+        bu = f"{r['bubble_ratio']:.1%}" if r.get("bubble_ratio") is not None else "-"
+        ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{r.get('identical_checked') or n}"
+        pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8])
+        vn = f"{vs_none_text(r, 'x'):>22}" if vs_none else ""
+        lines.append(f"{r['name']:<30}{r['tokens_per_s']:>9.1f}{sp:>22}{vn}{al:>9}{ac:>8}{ov:>10}{bu:>8}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
+    return "\n".join(lines)
 
 
 def _run_tables(report: dict) -> list[str]:
