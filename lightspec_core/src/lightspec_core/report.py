@@ -97,19 +97,19 @@ def overall(run: dict) -> list[dict]:
 def vs_none_text(r: dict, times: str = "×") -> str:
     """A LightSpec result's speed against ``none`` in the same run (batch 1, where the baseline
     is HF's), with the paired rounds' 95% interval where there is one; "-" for others."""
-    if not r.get("speedup_vs_none"):
-        return "-"
-    ci = r.get("speedup_vs_none_ci95")
-    return f"{r['speedup_vs_none']:.2f}{times}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+    return _ratio_text(r.get("speedup_vs_none"), r.get("speedup_vs_none_ci95"), times)
 
 
 def speedup_text(r: dict, times: str = "×") -> str:
     """A result's speed-up against its workload's baseline, with the 95% confidence interval
     of the paired rounds where there is one (``bench.paired_speedup``): "0.99× (0.97-1.01)"."""
-    if not r["speedup_vs_hf"]:
+    return _ratio_text(r["speedup_vs_hf"], r.get("speedup_ci95"), times)
+
+
+def _ratio_text(ratio: float | None, ci: list[float] | None, times: str) -> str:
+    if not ratio:
         return "-"
-    ci = r.get("speedup_ci95")
-    return f"{r['speedup_vs_hf']:.2f}{times}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
+    return f"{ratio:.2f}{times}" + (f" ({ci[0]:.2f}-{ci[1]:.2f})" if ci else "")
 
 
 def format_table(wname: str, w: dict, n: int) -> str:
