@@ -114,6 +114,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
 
     from .loading import cpu_kernels_apply, load_tokenizer
     from .pipeline import MTPPipeline, default_draft_path, default_model_path, load_model, resolve_device, resolve_dtype
+    from .plugins import get_registry
+    from .strategy_files import check_strategy_spec
 
     if batch_size < 1:
         raise LightSpecError(f"--batch-size {batch_size} is invalid: use an integer >= 1")
@@ -126,6 +128,8 @@ def main(model=None, strategies=(), draft_model=None, prompts_file=None, suite=N
     if interleave not in ("step", "step-mixed", "batch"):
         raise LightSpecError(f"--interleave {interleave!r} is invalid; allowed: step, step-mixed, batch")
     budgets = _budget_specs(budgets)
+    for text in strategies:  # a misspelt --strategy fails before the models load (a YAML file when built)
+        check_strategy_spec(text, get_registry())
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     if model is None:

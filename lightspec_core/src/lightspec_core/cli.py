@@ -85,7 +85,9 @@ def _defaults() -> dict:
 @click.option("--model", "model", default=None,
               help="Target model: a Hugging Face hub id (org/name, through the HF cache; HF_HUB_OFFLINE=1 reads only "
                    "the cache) or a local folder (default: the embedded lightspec-zoo model).")
-@click.option("--strategy", default=None, help="Strategy name or YAML file (default: hybrid).")
+@click.option("--strategy", default=None,
+              help="Strategy: NAME, NAME:OPTION=VALUE,... (e.g. eagle3:max_draft=4; options: lightspec strategies) "
+                   "or a YAML file (default: hybrid).")
 @click.option("--draft-model", default=None,
               help="Draft model, a hub id or a local folder (strategies draft_model / hybrid).")
 @click.option("--prompt", multiple=True, help="Prompt text (repeatable).")
@@ -273,7 +275,8 @@ def strategies(as_json):
 @cli.command()
 @click.option("--model", default=None,
               help="Target model: a hub id (org/name, through the HF cache) or a local folder (default: the embedded model).")
-@click.option("--strategy", "strategies_", multiple=True, help="Strategy to measure (repeatable; default: all built-ins that apply).")
+@click.option("--strategy", "strategies_", multiple=True, help="Strategy to measure (repeatable): NAME, NAME:OPTION=VALUE,... or a YAML file "
+                   "(default: all built-ins that apply).")
 @click.option("--draft-model", default=None, help="Draft model (hub id or local folder) for draft_model and hf_assisted.")
 @click.option("--budget", "budgets", multiple=True,
               help="Budget policy (repeatable): NAME[:OPTION=VALUE,...] or a YAML file; each strategy is measured "

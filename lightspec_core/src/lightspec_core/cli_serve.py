@@ -11,8 +11,9 @@ from .errors import InvalidValueError, LightSpecError
 @click.command()
 @click.option("--model", "model", default=None,
               help="Target model: a hub id (org/name, through the HF cache) or a local folder (default: the embedded model).")
-@click.option("--strategy", default=None, help="Default strategy name or YAML file (default: hybrid); a request may "
-                                               "name another in its 'strategy' field ('none': speculation off).")
+@click.option("--strategy", default=None, help="Default strategy: NAME, NAME:OPTION=VALUE,... or a YAML file "
+                                               "(default: hybrid); a request may name another in its 'strategy' field "
+                                               "('none': speculation off).")
 @click.option("--draft-model", default=None, help="Draft model (hub id or local folder) for draft_model / hybrid.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", type=int, default=8080, show_default=True)

@@ -1,4 +1,5 @@
-"""Naming a component with its options: budget policies and statistics sinks.
+"""Naming a component with its options: budget policies, statistics sinks and strategies
+(``strategy_files.strategy_spec``; a strategy's YAML file is a strategy file, not this form).
 
 A spec is one of:
 
@@ -23,6 +24,7 @@ from typing import Any
 from .errors import ConfigError, LightSpecError
 
 SYNTAX = "NAME, NAME:OPTION=VALUE,... or a YAML file"
+EXAMPLES = {"budget": "static:k=2", "sink": "jsonl:path=steps.jsonl", "strategy": "eagle3:max_draft=4"}
 
 
 def _scalar(kind: str, text: str, option: str, raw: str):
@@ -79,7 +81,8 @@ def parse_spec(text: str, kind: str) -> dict:
         option, eq, raw = item.partition("=")
         option = option.strip()
         if not eq or not option:
-            raise ConfigError(f"{kind} {text!r}: {item.strip()!r} is not OPTION=VALUE; use {SYNTAX} (e.g. static:k=2)")
+            raise ConfigError(f"{kind} {text!r}: {item.strip()!r} is not OPTION=VALUE; use {SYNTAX} "
+                              f"(e.g. {EXAMPLES.get(kind, 'static:k=2')})")
         if option in spec:
             raise ConfigError(f"{kind} {text!r}: option {option!r} is given twice")
         spec[option] = _scalar(kind, text, option, raw.strip())

@@ -149,13 +149,16 @@ class MTPPipeline:
                  stats_out: str | None = None, log_interval_s: float | None = None, progress: bool = False,
                  lean_target: bool = True, cpu_kernels: bool | None = None, sinks: list | tuple | None = None,
                  **strategy_options):
-        """``budget``: a policy name, ``"NAME:OPTION=VALUE,..."``, a YAML file, a mapping
+        """``strategy``: a registered name (``lightspec strategies``), a name with options
+        ``"NAME:OPTION=VALUE,..."`` (``"eagle3:max_draft=4"``), a YAML strategy file or a
+        strategy object; ``strategy_options`` (keywords) add options to a name.
+        ``budget``: a policy name, ``"NAME:OPTION=VALUE,..."``, a YAML file, a mapping
         ``{"type": name, **options}`` or a policy object (default: the strategy file's
         budget, else ``dynamic``).  ``sinks``: statistics sinks to add, each a name,
         ``"NAME:OPTION=VALUE,..."``, a mapping or an object (after a strategy file's
         ``sinks:``); built ones are in ``self.sinks``."""
         from .component_spec import build_component
-        from .strategy_files import build_strategy, load_strategy_file
+        from .strategy_files import build_strategy, is_strategy_file, load_strategy_file, strategy_spec
 
         reg = get_registry()
         check_strategy_argument(strategy, reg.names("strategy"))
@@ -168,14 +171,14 @@ class MTPPipeline:
         self.tokenizer = tokenizer
         self.draft_model_source = draft_model  # what the server gives each strategy it builds
         file_budget = file_sinks = None
-        if isinstance(strategy, str) and strategy.endswith((".yaml", ".yml")):
+        if is_strategy_file(strategy):
             if strategy_options:
                 raise InvalidValueError(f"strategy options ({', '.join(sorted(strategy_options))}) cannot be combined "
                                         f"with a strategy file ({strategy}); put them in the file")
             self.strategy, file_budget, file_sinks = load_strategy_file(strategy, reg)
             self.strategy_name = getattr(self.strategy, "name", Path(strategy).stem)
         elif isinstance(strategy, str):
-            self.strategy = build_strategy({"type": strategy, **strategy_options}, reg, where=f"strategy {strategy!r}")
+            self.strategy = build_strategy(strategy_spec(strategy, strategy_options), reg, where=f"strategy {strategy!r}")
             self.strategy_name = strategy
         else:
             self.strategy = strategy
@@ -225,7 +228,11 @@ class MTPPipeline:
         passed ones too (changing them in place); ``False`` never.  ``progress``: report
         loading on stderr (transformers' progress bars).  Every load failure is one
         ``LightSpecError`` line (``loading``)."""
+        from .strategy_files import check_strategy_spec
+
         _check_cpu_kernels_flag(cpu_kernels)
+        check_strategy_argument(strategy, get_registry().names("strategy"))
+        check_strategy_spec(strategy, get_registry())  # a misspelt name fails before the weights load
         if model_or_path is None:
             model_or_path = default_model_path()
             if draft_model is None:

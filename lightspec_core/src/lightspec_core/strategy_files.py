@@ -1,5 +1,7 @@
-"""Strategies from specs: a registered name, a mapping ``{type|name: ..., options...}``, or
-a YAML strategy file (``--strategy file.yaml``), built through the plugin registry.
+"""Strategies from specs: a registered name, a name with options
+(``"eagle3:max_draft=4"``, the syntax ``--budget`` takes), a mapping
+``{type|name: ..., options...}``, or a YAML strategy file (``--strategy file.yaml``), built
+through the plugin registry.
 
 YAML is read with ``safe_yaml.load`` (``yaml.safe_load`` with limits on alias expansion,
 size and nesting); definitions may refer to each other, and a cycle is named
@@ -20,6 +22,7 @@ import reprlib
 from pathlib import Path
 from typing import Any
 
+from .component_spec import parse_spec
 from .composer import COMBINATION_KINDS, FUSION_FOR_KIND, Combination
 from .errors import ConfigError, LightSpecError
 
@@ -30,6 +33,45 @@ class StrategyCycleError(ConfigError):
     """Strategy definitions that refer to each other in a loop (``a -> b -> a``), or
     strategies nested deeper than ``MAX_STRATEGY_NESTING``: raised as is, not wrapped in
     each enclosing combination's message."""
+
+
+def is_strategy_file(spec: Any) -> bool:
+    """``spec`` names a YAML strategy file (``.yaml`` / ``.yml``)."""
+    return isinstance(spec, str) and spec.strip().endswith((".yaml", ".yml"))
+
+
+def strategy_spec(text: str, options: dict | None = None) -> dict:
+    """``text``, a registered name or ``NAME:OPTION=VALUE,...`` (each value a YAML scalar,
+    as ``component_spec.parse_spec`` reads it), with ``options`` (keyword options, e.g.
+    ``MTPPipeline(..., max_draft=4)``) as the mapping ``{"type": name, **options}``.
+
+    Raises ``ConfigError`` for a malformed text and for an option given both ways."""
+    spec = parse_spec(text, "strategy")
+    for option, value in (options or {}).items():
+        if option in spec:
+            raise ConfigError(f"strategy {text!r}: option {option!r} is given both in the strategy text and as a "
+                              f"keyword ({option}={_short_repr(value)}); give it once")
+        spec[option] = value
+    return spec
+
+
+def check_strategy_spec(spec: Any, registry) -> None:
+    """Refuse, before any model loads, a strategy text whose name is not registered or
+    whose inline options the strategy does not take (the error lists what is allowed).
+    A YAML file, a mapping or an object is checked when it is built."""
+    if not isinstance(spec, str) or is_strategy_file(spec):
+        return
+    parsed = strategy_spec(spec)
+    name = parsed.pop("type")
+    try:
+        component = registry.get("strategy", name)
+    except LightSpecError as exc:
+        raise ConfigError(f"strategy {spec!r}: {exc}") from None
+    parsed.pop("name", None)
+    unknown = sorted(set(parsed) - set(component.params)) if component.params else []
+    if unknown:
+        raise ConfigError(f"strategy {spec!r}: strategy {name!r} has no option {unknown[0]!r}; "
+                          f"allowed: {', '.join(sorted(component.params))}")
 
 
 def build_strategy(spec: Any, registry, defined: dict[str, dict] | None = None, where: str = "strategy",
