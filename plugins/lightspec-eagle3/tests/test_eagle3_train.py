@@ -45,6 +45,8 @@ def test_train_checkpoint_resume_reload(target_dir, tmp_path):
     assert r.exit_code == 0, r.output
     summary = json.loads(r.output[r.output.index("{"):])
     assert summary["steps"] == 3 and summary["tokens"] == 3 * 4 * 24
+    logged = json.loads((out / "training_log.json").read_text())["log"]
+    assert [e["step"] for e in logged] == [1, 3]  # every 10th step, the first and the last
     state = load_file(str(out / "model.safetensors"))
     assert state["fc.weight"].dtype == torch.float16 and "midlayer.self_attn.q_proj.weight" in state
     ids = torch.arange(40) + state["d2t"]
@@ -54,6 +56,7 @@ def test_train_checkpoint_resume_reload(target_dir, tmp_path):
     assert r.exit_code == 0, r.output
     log = json.loads((out / "training_log.json").read_text())
     assert log["steps"] == 5 and log["tokens"] == 5 * 4 * 24
+    assert [e["step"] for e in log["log"]] == [1, 3, 5]
     resumed = load_head(out, tiny_target())
     assert not torch.equal(first.fc.weight, resumed.fc.weight)  # the resumed steps trained
     assert torch.equal(first.d2t, resumed.d2t)

@@ -87,6 +87,12 @@ def _error(capsys, args) -> str:
     return [line for line in err.splitlines() if line.startswith("error:")][0]
 
 
+def test_the_log_ends_with_the_last_step(setup, tmp_path):
+    _train(setup, tmp_path / "h", "medusa", "--max-steps", "4", "--log-every", "3")
+    log = json.loads((tmp_path / "h" / "training_log.json").read_text())
+    assert [e["step"] for e in log["train"]] == [1, 3, 4]  # every 3rd step, the first and the last
+
+
 def test_resume_refuses_another_kind(setup, tmp_path, capsys):
     _train(setup, tmp_path / "h", "medusa", "--max-steps", "1")
     line = _error(capsys, ["mtplayer", "train", "--target", str(setup / "target"), "--kind", "mtp", "--out",

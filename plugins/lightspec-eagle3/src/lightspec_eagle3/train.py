@@ -218,7 +218,7 @@ def train(args: TrainArgs, progress: bool = True) -> dict:
 
     t0 = time.time()
     wall0, last_ck = wall, time.time()
-    first_step = step
+    first_step, last = step, None
     bar = tqdm(total=args.max_steps or None, initial=step, desc="eagle3 train", unit="step", disable=not progress)
     T = args.seq_len
     span = (args.time_budget_s or math.inf)
@@ -240,14 +240,17 @@ def train(args: TrainArgs, progress: bool = True) -> dict:
         step += 1
         seen += ids.numel()
         wall = wall0 + time.time() - t0
+        last = {"step": step, "tokens": seen, "loss": round(loss.item(), 4), "lr": round(lr, 6),
+                "agree": [round(a, 3) for a in agree], "s": round(wall, 1)}
         if step % 10 == 0 or step == 1:
-            log.append({"step": step, "tokens": seen, "loss": round(loss.item(), 4), "lr": round(lr, 6),
-                        "agree": [round(a, 3) for a in agree], "s": round(wall, 1)})
+            log.append(last)
         bar.update(1)
         bar.set_postfix(loss=f"{loss.item():.3f}", agree="/".join(f"{a:.2f}" for a in agree))
         if time.time() - last_ck >= args.checkpoint_every_s:
             checkpoint()
             last_ck = time.time()
     bar.close()
+    if last is not None and (not log or log[-1]["step"] != step):
+        log.append(last)  # the log always ends with the run's last step
     checkpoint()
     return summary()

@@ -252,7 +252,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     start, elapsed0 = time.perf_counter(), log["elapsed_s"]
     bar = tqdm(total=cfg.max_steps, initial=step, desc=f"mtplayer train ({cfg.kind})", disable=not progress,
                dynamic_ncols=True)
-    stop_reason = "max_steps"
+    stop_reason, last = "max_steps", None
     while step < cfg.max_steps:
         ids = batch_at(tokens, step, cfg).to(device)
         with torch.no_grad():
@@ -271,10 +271,11 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
         step += 1
         log["tokens"] += ids.numel()
         log["elapsed_s"] = elapsed0 + time.perf_counter() - start
+        last = {"step": step, "tokens": log["tokens"], "elapsed_s": round(log["elapsed_s"], 1),
+                "lr": _lr(cfg, step - 1), "loss": round(float(loss.detach()), 4),
+                "agreement": [round(a, 4) for a in agree]}
         if step % cfg.log_every == 0 or step == 1:
-            log["train"].append({"step": step, "tokens": log["tokens"], "elapsed_s": round(log["elapsed_s"], 1),
-                                 "lr": _lr(cfg, step - 1), "loss": round(float(loss.detach()), 4),
-                                 "agreement": [round(a, 4) for a in agree]})
+            log["train"].append(last)
         bar.update(1)
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}", agree="/".join(f"{a:.2f}" for a in agree))
         if step % cfg.save_every == 0:
@@ -284,6 +285,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
             stop_reason = "time_budget"
             break
     bar.close()
+    if last is not None and (not log["train"] or log["train"][-1]["step"] != step):
+        log["train"].append(last)  # the log always ends with the run's last step
     log["stopped"] = stop_reason
     log["steps"] = step
     _checkpoint(ckpt_path, head, opt, step, log, cfg)
