@@ -61,12 +61,20 @@ def _is_block_drafter(folder: Path) -> bool:
 
 
 class _RowContext:
-    """One request's context keys/values per draft layer: ``[nkv, T, hd]`` with spare capacity."""
+    """One request's context keys/values per draft layer: ``[nkv, T, hd]`` with spare capacity,
+    for the states of positions ``first .. first + length - 1`` (each key rotated at its own
+    position, so the context may start anywhere)."""
 
-    def __init__(self, layers: int):
+    def __init__(self, layers: int, first: int = 0):
         self.k: list[torch.Tensor | None] = [None] * layers
         self.v: list[torch.Tensor | None] = [None] * layers
+        self.first = first
         self.length = 0
+
+    @property
+    def end(self) -> int:
+        """The position of the first state this row does not hold."""
+        return self.first + self.length
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         n = k.shape[1]
@@ -153,11 +161,9 @@ class DSparkStrategy:
     def _ingest(self, ctx) -> None:
         """Append the newly committed tokens' context keys/values to each row's store: the states
         kept from zero-budget calls, then this step's."""
-        entries, self.pending = self.pending, []
         tapped = self._tapped(ctx)
-        if tapped is not None:
-            entries.append(tapped)
-        self._ingest_entries(entries)
+        self._ingest_entries(self.pending + ([tapped] if tapped is not None else []))
+        self.pending = []  # only once ingested: a failure keeps them for the next call
 
     def _keep(self, ctx) -> None:
         """A zero budget's hand-over: keep the step's states for the next draft (ingested in
@@ -171,18 +177,26 @@ class DSparkStrategy:
 
     def _ingest_entries(self, entries: list[tuple[torch.Tensor, list[int], list[int], list[int]]]) -> None:
         """The entries' states, in order, through one ``fc`` and one key/value projection per
-        layer for all of them (the weights stream once, not once per step)."""
-        ahead: dict[int, int] = {}  # per request: its length once the entries before are appended
+        layer for all of them (the weights stream once, not once per step).
+
+        States a row already holds are skipped: after a ``propose`` that raised, the engine
+        hands the states since the last successful call again (a committed token's state never
+        changes).  A row whose states start after the ones it holds (a gap: the engine keeps a
+        bounded number of states while calls fail) starts its context again there."""
+        ahead: dict[int, int] = {}  # per request: its end once the entries before are appended
         pieces: list[tuple[_RowContext, torch.Tensor, int]] = []  # (row, taps [n, L*H_t], first position)
         for taps, firsts, lengths, rids in entries:
             for b, rid in enumerate(rids):
-                row = self.rows.setdefault(rid, _RowContext(len(self.drafter.layers)))
-                have = ahead.get(rid, row.length)
-                if firsts[b] != have:
-                    raise RuntimeError(f"request {rid}: hidden states start at {firsts[b]}, the drafter holds {have}")
-                ahead[rid] = have + lengths[b]
-                if lengths[b]:
-                    pieces.append((row, taps[b, : lengths[b]], firsts[b]))
+                first, n = firsts[b], lengths[b]
+                row = self.rows.get(rid)
+                have = ahead.get(rid, row.end if row is not None else 0)
+                if row is None or first > have:
+                    row = self.rows[rid] = _RowContext(len(self.drafter.layers), first)
+                    have = first
+                skip = have - first
+                ahead[rid] = max(have, first + n)
+                if n > skip:
+                    pieces.append((row, taps[b, skip:n], first + skip))
         if not pieces:
             return
         x = torch.cat([t for _, t, _ in pieces])[None]  # [1, N, L*H_t]

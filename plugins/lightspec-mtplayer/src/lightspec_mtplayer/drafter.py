@@ -146,7 +146,8 @@ class _States:
             mine = self.rows.setdefault(rid, [])
             base = self.base.setdefault(rid, first)
             if first > base + len(mine) or first < base:
-                self.rows[rid], self.base[rid], mine, base = [], first, [], first
+                mine = self.rows[rid] = []
+                base = self.base[rid] = first
                 restarted = True
             del mine[first - base :]
             mine.extend(h[b, :n].clone().unbind(0))  # copies: the engine may reuse its buffers
