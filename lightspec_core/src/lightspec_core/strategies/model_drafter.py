@@ -276,14 +276,17 @@ class ModelDrafter:
             c = max(c, self.offset[b])  # the skipped head is not in the cache, by design
             keep_n.append(c - self.offset[b])
             new.append(seq[c:])
-            self.fed[b] = list(seq)
-            self.base[b] = len(ctx.sequences[b])
+            # until the forward below has run, the cache holds only the matched prefix: if it
+            # raises, the next call must not take the new tokens for fed
+            self.fed[b] = fed[:c]
+            self.base[b] = min(self.base[b], c)
         width = max(len(t) for t in new)
         self.caught_up = width
         if B == 1:  # no padding, no masks: the logits at the last new token
             self.kv.truncate(keep_n)
             ids = torch.tensor([new[0]], dtype=torch.long, device=ctx.device)
             out = self.kv.forward(ids, None, **({"logits_to_keep": 1} if self.keeps_logits else {}))
+            self._fed_all(contexts, ctx)
             return out.logits[:, -1]
         self.kv.truncate(torch.tensor(keep_n, device=ctx.device))
         ids = torch.zeros(B, width, dtype=torch.long)
@@ -299,13 +302,20 @@ class ModelDrafter:
             # batch 8, interleaved: 2.53 -> 2.01 ms at width 2, 3.45 -> 2.41 ms at width 4)
             last = torch.tensor([len(t) - 1 for t in new], device=ctx.device)
             out = self.kv.forward(ids, None if all_valid else valid, last_positions=last)
+            self._fed_all(contexts, ctx)
             return out.logits[:, 0]
         # logits only from the shortest row's last position on (the catch-up can be a whole prompt)
         keep = width - min(len(t) for t in new) + 1 if self.keeps_logits else width
         extra = {"logits_to_keep": keep} if self.keeps_logits else {}
         out = self.kv.forward(ids, None if all_valid else valid, **extra)
+        self._fed_all(contexts, ctx)
         last = torch.tensor([len(t) - 1 - (width - keep) for t in new], device=ctx.device)
         return out.logits[torch.arange(B, device=ctx.device), last]
+
+    def _fed_all(self, contexts, ctx: StepContext) -> None:
+        """The catch-up forward ran: the cache holds every row's whole context."""
+        self.fed = [list(seq) for seq in contexts]
+        self.base = [len(seq) for seq in ctx.sequences]
 
 
 class LayerSkipDrafter(ModelDrafter):
