@@ -16,7 +16,7 @@ from lightspec_core.server import start_server
 from lightspec_core.strategy_files import check_strategy_spec, strategy_spec
 from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
 
-from lightspec_core import ConfigError, MTPPipeline, hookimpl
+from lightspec_core import ConfigError, LightSpecError, MTPPipeline, hookimpl
 
 
 class DraftedSink:
@@ -98,6 +98,17 @@ def test_the_pipeline_builds_the_strategy_with_its_inline_options():
         MTPPipeline(model, tok, strategy="ngram:max_draft=0")
 
 
+def test_the_pipeline_takes_a_strategy_mapping():
+    model, tok = cached_model("llama"), ToyTokenizer()
+    pipe = MTPPipeline(model, tok, strategy={"type": "ngram", "max_draft": 2}, min_accept=0.5)
+    assert (pipe.strategy.max_draft, pipe.strategy.min_accept, pipe.strategy_name) == (2, 0.5, "ngram")
+    assert pipe.strategy_source == {"type": "ngram", "max_draft": 2, "min_accept": 0.5}
+    with pytest.raises(ConfigError, match="strategy 'ngram' has no option 'maxdraft'"):
+        MTPPipeline(model, tok, strategy={"type": "ngram", "maxdraft": 2})
+    with pytest.raises(ConfigError, match="option 'max_draft' is given both"):
+        MTPPipeline(model, tok, strategy={"type": "ngram", "max_draft": 2}, max_draft=3)
+
+
 def test_from_pretrained_refuses_a_bad_strategy_before_loading_the_model():
     # the folder does not exist: the strategy's error proves it was checked first
     with pytest.raises(ConfigError, match="strategy 'ngram' has no option 'maxdraft'"):
@@ -140,19 +151,42 @@ def test_cli_run_and_bench_take_a_strategy_with_options(capsys, model_dir, tmp_p
     assert all(r["error"] is None and r["tokens"] == 2 * 4 for r in w["results"])
 
 
-def test_the_server_serves_a_default_strategy_with_options():
+@pytest.mark.parametrize("kind", ["text", "mapping", "yaml"])
+def test_the_server_serves_its_default_strategy_as_it_was_given(kind, tmp_path):
+    """The server builds a pipeline per request group from what built the default strategy:
+    a name with options, a mapping, a YAML file (whose strategy's name is not registered)."""
     model, _ = cached_tiny()
     tok = tiny_tokenizer()
-    pipe = MTPPipeline(model, tok, strategy="ngram:max_draft=2")
+    strategy, label = {"text": ("ngram:max_draft=2", "ngram:max_draft=2"),
+                       "mapping": ({"type": "ngram", "max_draft": 2}, "ngram"),
+                       "yaml": (str(tmp_path / "s.yaml"), "lookup2")}[kind]
+    (tmp_path / "s.yaml").write_text("strategies:\n  - {name: lookup2, type: combination, kind: switch, "
+                                     "components: [{type: ngram, max_draft: 2}, {type: ngram, max_draft: 1}]}\n")
+    pipe = MTPPipeline(model, tok, strategy=strategy)
     handle = start_server(pipe, port=0, batch_size=2, max_queue=8, model_name="tiny")
     try:
         offline = MTPPipeline(model, tok, strategy="none")
         prompt = "one two three four one two three"
         body = {"model": "tiny", "prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True}
-        r = httpx.post(handle.url + "/v1/completions", json=body, timeout=60).json()
-        assert r["choices"][0]["text"] == offline.generate(prompt, max_new_tokens=10, ignore_eos=True).text
-        assert r["usage"]["speculation"]["strategy"] == "ngram:max_draft=2"
-        named = httpx.post(handle.url + "/v1/completions", json={**body, "strategy": "ngram:max_draft=2"}, timeout=60)
-        assert named.status_code == 200, named.text
+        for extra in ({}, {"strategy": label}):
+            r = httpx.post(handle.url + "/v1/completions", json={**body, **extra}, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["text"] == offline.generate(prompt, max_new_tokens=10, ignore_eos=True).text
+            assert r.json()["usage"]["speculation"]["strategy"] == label
+        group = next(g for g in handle.app.state.scheduler.groups.values() if g.key[0] == label)
+        assert group.pipe.strategy_source == strategy  # the group's pipeline is built as the default was
     finally:
         handle.stop()
+
+
+def test_the_server_refuses_a_default_strategy_object_it_cannot_build_again():
+    from lightspec_core.server import build_app
+    from lightspec_core.strategies.ngram import NgramDrafter
+
+    model, _ = cached_tiny()
+    strategy = NgramDrafter()
+    strategy.name = "my_lookup"
+    pipe = MTPPipeline(model, tiny_tokenizer(), strategy=strategy)
+    with pytest.raises(LightSpecError, match="its default strategy must be a name, NAME:OPTION=VALUE,..., a mapping "
+                                             "or a YAML file, not the object 'my_lookup'"):
+        build_app(pipe)

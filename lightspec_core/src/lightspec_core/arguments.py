@@ -21,9 +21,10 @@ def _is_int(value) -> bool:
 
 
 def check_strategy_argument(strategy, strategy_names: list[str]) -> None:
-    """Refuse a ``strategy`` that is neither a non-empty string (a registered name or a
-    YAML file path) nor a strategy object (one with ``lightspec_propose``, or the plain
-    ``none`` strategy, which drafts nothing)."""
+    """Refuse a ``strategy`` that is neither a non-empty string (a registered name, with
+    options or not, or a YAML file path), a mapping ``{"type": name, **options}``, nor a
+    strategy object (one with ``lightspec_propose``, or the plain ``none`` strategy, which
+    drafts nothing)."""
     from .strategies.plain import PlainDecoding
 
     names = ", ".join(strategy_names)
@@ -31,10 +32,11 @@ def check_strategy_argument(strategy, strategy_names: list[str]) -> None:
         if not strategy:
             raise InvalidValueError(f"strategy='' is invalid: use a registered strategy name ({names}) or a YAML file path")
         return
-    if hasattr(strategy, "lightspec_propose") or isinstance(strategy, PlainDecoding):
+    if isinstance(strategy, Mapping) or hasattr(strategy, "lightspec_propose") or isinstance(strategy, PlainDecoding):
         return
     raise InvalidTypeError(f"strategy={short(strategy)} ({type(strategy).__name__}) is invalid: use a registered "
-                           f"strategy name ({names}), a YAML file path, or a strategy object with lightspec_propose")
+                           f"strategy name ({names}), a YAML file path, a mapping {{'type': name, **options}}, "
+                           "or a strategy object with lightspec_propose")
 
 
 def prompt_list(prompts) -> list:

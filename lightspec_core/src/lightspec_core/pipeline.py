@@ -150,8 +150,9 @@ class MTPPipeline:
                  lean_target: bool = True, cpu_kernels: bool | None = None, sinks: list | tuple | None = None,
                  **strategy_options):
         """``strategy``: a registered name (``lightspec strategies``), a name with options
-        ``"NAME:OPTION=VALUE,..."`` (``"eagle3:max_draft=4"``), a YAML strategy file or a
-        strategy object; ``strategy_options`` (keywords) add options to a name.
+        ``"NAME:OPTION=VALUE,..."`` (``"eagle3:max_draft=4"``), a mapping ``{"type": name,
+        **options}`` (values of any type, e.g. a tree's ``choices``), a YAML strategy file or
+        a strategy object; ``strategy_options`` (keywords) add options to a name or mapping.
         ``budget``: a policy name, ``"NAME:OPTION=VALUE,..."``, a YAML file, a mapping
         ``{"type": name, **options}`` or a policy object (default: the strategy file's
         budget, else ``dynamic``).  ``sinks``: statistics sinks to add, each a name,
@@ -171,6 +172,10 @@ class MTPPipeline:
         self.tokenizer = tokenizer
         self.draft_model_source = draft_model  # what the server gives each strategy it builds
         file_budget = file_sinks = None
+        named = isinstance(strategy, (str, dict))
+        spec = strategy_spec(strategy, strategy_options) if named and not is_strategy_file(strategy) else None
+        # what builds this strategy again (the server builds one pipeline per group); None: an object
+        self.strategy_source = (spec if strategy_options else strategy) if named else None
         if is_strategy_file(strategy):
             if strategy_options:
                 raise InvalidValueError(f"strategy options ({', '.join(sorted(strategy_options))}) cannot be combined "
@@ -178,8 +183,11 @@ class MTPPipeline:
             self.strategy, file_budget, file_sinks = load_strategy_file(strategy, reg)
             self.strategy_name = getattr(self.strategy, "name", Path(strategy).stem)
         elif isinstance(strategy, str):
-            self.strategy = build_strategy(strategy_spec(strategy, strategy_options), reg, where=f"strategy {strategy!r}")
+            self.strategy = build_strategy(spec, reg, where=f"strategy {strategy!r}")
             self.strategy_name = strategy
+        elif spec is not None:
+            self.strategy = build_strategy(spec, reg, where="strategy")
+            self.strategy_name = getattr(self.strategy, "name", None) or str(spec["type"])
         else:
             self.strategy = strategy
             self.strategy_name = getattr(strategy, "name", type(strategy).__name__)

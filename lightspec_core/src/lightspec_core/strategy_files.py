@@ -40,13 +40,14 @@ def is_strategy_file(spec: Any) -> bool:
     return isinstance(spec, str) and spec.strip().endswith((".yaml", ".yml"))
 
 
-def strategy_spec(text: str, options: dict | None = None) -> dict:
+def strategy_spec(text: str | dict, options: dict | None = None) -> dict:
     """``text``, a registered name or ``NAME:OPTION=VALUE,...`` (each value a YAML scalar,
-    as ``component_spec.parse_spec`` reads it), with ``options`` (keyword options, e.g.
-    ``MTPPipeline(..., max_draft=4)``) as the mapping ``{"type": name, **options}``.
+    as ``component_spec.parse_spec`` reads it) or already a mapping, with ``options``
+    (keyword options, e.g. ``MTPPipeline(..., max_draft=4)``) as the mapping
+    ``{"type": name, **options}``.
 
     Raises ``ConfigError`` for a malformed text and for an option given both ways."""
-    spec = parse_spec(text, "strategy")
+    spec = dict(text) if isinstance(text, dict) else parse_spec(text, "strategy")
     for option, value in (options or {}).items():
         if option in spec:
             raise ConfigError(f"strategy {text!r}: option {option!r} is given both in the strategy text and as a "

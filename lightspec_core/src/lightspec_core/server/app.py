@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..errors import LightSpecError
 from ..hookspecs import hookimpl
 from ..limits import context_length
 from ..plugins import get_registry
@@ -99,7 +100,14 @@ def build_app(pipe, config: ServerConfig | None = None) -> FastAPI:
     context = context_length(target)
     vocab = pipe._vocab_size()
     default_strategy = pipe.strategy_name
-    strategies = sorted(set(get_registry().names("strategy")) | {default_strategy})
+    registered = set(get_registry().names("strategy"))
+    # the default strategy is built again from what built it (a YAML file, a mapping, a name
+    # with options), not from its name, which need not be registered
+    default_source = pipe.strategy_source
+    if default_source is None and default_strategy not in registered:
+        raise LightSpecError(f"the server builds a pipeline per request group, so its default strategy must be a name, "
+                             f"NAME:OPTION=VALUE,..., a mapping or a YAML file, not the object {default_strategy!r}")
+    strategies = sorted(registered | {default_strategy})
     metrics = ServerMetrics()
     feed = _dashboard_feed()
     draft = cfg.draft_model if cfg.draft_model is not None else getattr(pipe, "draft_model_source", None)
@@ -108,7 +116,8 @@ def build_app(pipe, config: ServerConfig | None = None) -> FastAPI:
     def make_pipeline(strategy: str, sampling):
         sinks = [metrics.for_strategy(strategy)] + ([_FeedSink(feed)] if feed is not None else [])
         extra = {**options, **(cfg.strategy_options or {}).get(strategy, {})}
-        return MTPPipeline(target, tokenizer, strategy=strategy, draft_model=draft, sinks=sinks, **extra)
+        source = default_source if strategy == default_strategy and default_source is not None else strategy
+        return MTPPipeline(target, tokenizer, strategy=source, draft_model=draft, sinks=sinks, **extra)
 
     scheduler = Scheduler(make_pipeline, cfg.batch_size, cfg.max_queue, metrics)
 
