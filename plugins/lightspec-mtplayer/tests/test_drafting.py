@@ -297,3 +297,29 @@ def _concat():
     from lightspec_core.plugins import get_registry
 
     return get_registry().create("fusion", "concat")
+
+
+def test_trees_over_medusa_heads_keep_to_their_depth(medusa_llama, mtp_llama):
+    """lightspec-tree's trees over ``mtp``: a default tree is cut to one level per Medusa
+    head (3 here) at start-up and drafts without failures; a deeper tree the user asks for,
+    and trees over MTP modules, are refused at start-up with what is allowed."""
+    pytest.importorskip("lightspec_tree")
+    folder, heads = medusa_llama
+    target, tok = _load(folder), tiny_tokenizer()
+    over = {"drafter": "mtp", "drafter_options": {"head": str(heads)}, "adaptive": False}
+    expected = MTPPipeline(target, tok, strategy="none").generate(PROMPTS, max_new_tokens=10, ignore_eos=True)
+    for kind, fitted in (("dynamic_tree", lambda s: s.depth == 3),
+                         ("static_tree", lambda s: max(len(p) for p in s.choices) == 3)):
+        pipe = MTPPipeline(target, tok, strategy={"type": kind, **over}, budget={"type": "static", "k": 6})
+        assert fitted(pipe.strategy), kind
+        out = pipe.generate(PROMPTS, max_new_tokens=10, ignore_eos=True)
+        assert [o.token_ids for o in out] == [o.token_ids for o in expected]
+        assert not any(o.stats.failures for o in out) and sum(o.stats.drafted for o in out) > 0
+    with pytest.raises(LightSpecError, match=r"depth=5 is invalid with drafter 'mtp', which grows trees at most 3 "
+                                             r"levels deep; use depth <= 3"):
+        MTPPipeline(target, tok, strategy={"type": "dynamic_tree", "depth": 5, **over})
+    with pytest.raises(LightSpecError, match=r"choices reach depth 4, but drafter 'mtp' grows trees at most 3 levels"):
+        MTPPipeline(target, tok, strategy={"type": "static_tree", "choices": [[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]],
+                                           **over})
+    with pytest.raises(LightSpecError, match=r"drafter 'mtp' cannot grow token trees with the head it loaded"):
+        MTPPipeline(_load(mtp_llama), tok, strategy={"type": "dynamic_tree", "drafter": "mtp"})

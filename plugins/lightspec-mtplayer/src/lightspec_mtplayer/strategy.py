@@ -107,6 +107,12 @@ class MTPStrategy:
     def supports_tree_expansion(self) -> bool:
         return self.kind == "medusa"
 
+    @property
+    def max_tree_depth(self) -> int | None:
+        """The deepest token tree ``tree_start`` / ``tree_step`` grow: one level per Medusa
+        head (None before ``setup``, or for MTP modules, which grow no trees)."""
+        return self.impl.heads.num_heads if self.kind == "medusa" else None
+
     def reset(self) -> None:
         if self.impl is not None:
             self.impl.reset()

@@ -14,7 +14,14 @@ Protocol, for the B active rows of a step:
 * ``tree_commit(path)`` (optional): ``path[b]`` = the nodes of this step (root first) that
   the target accepted, for the rows of the last ``tree_start``; the drafter keeps them in
   its cache.  Without the call the drafter re-syncs from ``ctx.sequences`` at its next
-  ``tree_start``.
+  ``tree_start``;
+* ``supports_tree_expansion`` (optional attribute, read after ``setup``): False when the
+  drafter cannot grow trees with what it loaded; the tree strategies refuse it at start-up;
+* ``max_tree_depth`` (optional attribute, read after ``setup``): the most levels it can grow
+  (e.g. one per Medusa head); a default tree is cut to it, a deeper one the user gave is
+  refused at start-up.
+
+``make_drafter`` turns a tree strategy's ``drafter`` option into such an object.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from lightspec_core import (
     LightSpecError,
     choose_exit_layer,
     early_exit_view,
+    get_registry,
     lean_forward,
     num_layers,
     takes_logits_to_keep,
@@ -289,3 +297,35 @@ class NgramExpander:
                 self.where[b].append(here)
                 self._logprobs(here, out[b, f])
         return out.to(tokens.device)
+
+
+# the protocol's own implementations, under the names of the chain drafters they mirror
+EXPANDERS = {"draft_model": ModelExpander, "layerskip": LayerSkipExpander, "ngram": NgramExpander}
+
+
+def make_drafter(drafter, options=None):
+    """The tree drafter named ``drafter``: one of ``EXPANDERS``, a registered strategy that
+    implements ``tree_start`` / ``tree_step`` (built by name through the public registry,
+    with ``options``), or an object that does."""
+    options = {} if options is None else options
+    if not isinstance(options, dict):
+        raise ValueError(f"drafter_options={options!r} is invalid: use a mapping of the drafter's options")
+    if isinstance(drafter, str):
+        if drafter in EXPANDERS:
+            try:
+                obj = EXPANDERS[drafter](**options)
+            except TypeError as exc:
+                raise ValueError(f"drafter_options for {drafter!r}: {exc}") from None
+        else:
+            registry = get_registry()
+            names = registry.names("strategy")
+            if drafter not in names:
+                raise ValueError(f"drafter={drafter!r} is invalid: use {', '.join(EXPANDERS)} or a registered strategy "
+                                 f"that implements tree_start/tree_step (registered: {', '.join(names)})")
+            obj = registry.create("strategy", drafter, **options)
+    else:
+        obj = drafter
+    if not (callable(getattr(obj, "tree_start", None)) and callable(getattr(obj, "tree_step", None))):
+        raise ValueError(f"drafter {getattr(obj, 'name', obj)!r} does not implement the tree expansion protocol "
+                         "(tree_start(ctx), tree_step(tokens, parents)); see docs/plugin-authoring.md")
+    return obj

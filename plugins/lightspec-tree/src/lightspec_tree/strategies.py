@@ -18,43 +18,13 @@ import torch
 
 from lightspec_core import LightSpecError, TargetRunner, get_registry, hookimpl
 
-from .expanders import LayerSkipExpander, ModelExpander, NgramExpander
+from .expanders import make_drafter
 from .shaper import Shaper
 from .tree_build import pack, parse_choices, renumber, select_best, walk
 
-# the protocol's own implementations, under the names of the chain drafters they mirror
-EXPANDERS = {"draft_model": ModelExpander, "layerskip": LayerSkipExpander, "ngram": NgramExpander}
 # timing-free cost model of a seeded run (docs/design/tree.md): one verified node costs this
 # share of a target step
 VERIFY_SLOPE = 0.03
-
-
-def make_drafter(drafter, options=None):
-    """The tree drafter named ``drafter``: one of ``EXPANDERS``, a registered strategy that
-    implements ``tree_start`` / ``tree_step`` (built by name through the public registry,
-    with ``options``), or an object that does."""
-    options = {} if options is None else options
-    if not isinstance(options, dict):
-        raise ValueError(f"drafter_options={options!r} is invalid: use a mapping of the drafter's options")
-    if isinstance(drafter, str):
-        if drafter in EXPANDERS:
-            try:
-                obj = EXPANDERS[drafter](**options)
-            except TypeError as exc:
-                raise ValueError(f"drafter_options for {drafter!r}: {exc}") from None
-        else:
-            registry = get_registry()
-            names = registry.names("strategy")
-            if drafter not in names:
-                raise ValueError(f"drafter={drafter!r} is invalid: use {', '.join(EXPANDERS)} or a registered strategy "
-                                 f"that implements tree_start/tree_step (registered: {', '.join(names)})")
-            obj = registry.create("strategy", drafter, **options)
-    else:
-        obj = drafter
-    if not (callable(getattr(obj, "tree_start", None)) and callable(getattr(obj, "tree_step", None))):
-        raise ValueError(f"drafter {getattr(obj, 'name', obj)!r} does not implement the tree expansion protocol "
-                         "(tree_start(ctx), tree_step(tokens, parents)); see docs/plugin-authoring.md")
-    return obj
 
 
 class TreeStrategy:
@@ -70,7 +40,11 @@ class TreeStrategy:
             self.name = name
         self.drafter = make_drafter(drafter, drafter_options)
         self.hidden_layers = list(getattr(self.drafter, "hidden_layers", []))
-        self.shaper = Shaper(shapes if adaptive else shapes[-1:])
+        self.adaptive = adaptive
+        self._set_shapes(shapes)
+
+    def _set_shapes(self, shapes: list) -> None:
+        self.shaper = Shaper(shapes if self.adaptive else shapes[-1:])
         self.prev: tuple[list[int], list] | None = None  # (rows, per row (tokens, parents, root position))
 
     def setup(self, env) -> None:
@@ -81,6 +55,20 @@ class TreeStrategy:
         if hasattr(self.drafter, "setup"):
             self.drafter.setup(env)
         self.hidden_layers = list(getattr(self.drafter, "hidden_layers", []))
+        drafter = getattr(self.drafter, "name", type(self.drafter).__name__)
+        # what the drafter can grow is known once it has loaded its head: refuse or fit now,
+        # not at every step
+        if getattr(self.drafter, "supports_tree_expansion", True) is False:
+            raise LightSpecError(f"strategy {self.name!r}: drafter {drafter!r} cannot grow token trees with the head it "
+                                 f"loaded; use {drafter!r} as a chain strategy")
+        limit = getattr(self.drafter, "max_tree_depth", None)
+        if limit is not None:
+            self._fit_depth(int(limit), drafter)
+
+    def _fit_depth(self, limit: int, drafter: str) -> None:
+        """Keep the tree within the ``limit`` levels the drafter can grow: a default shape is
+        cut to it, one the user gave deeper is refused."""
+        raise NotImplementedError
 
     def reset(self) -> None:
         self.prev = None
@@ -147,18 +135,36 @@ class DynamicTree(TreeStrategy):
 
     name = "dynamic_tree"
 
-    def __init__(self, drafter="draft_model", drafter_options=None, depth: int = 5, top_k: int = 4,
+    DEPTH = 5  # levels when ``depth`` is not given
+
+    def __init__(self, drafter="draft_model", drafter_options=None, depth: int | None = None, top_k: int = 4,
                  total_tokens: int = 16, adaptive: bool = True, name: str | None = None):
+        self.depth_given = depth is not None
+        depth = self.DEPTH if depth is None else depth
         for key, v in (("depth", depth), ("top_k", top_k), ("total_tokens", total_tokens)):
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
                 raise ValueError(f"{key}={v!r} is invalid: use an integer >= 1")
+        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        super().__init__(drafter, drafter_options, adaptive, self._shapes(), name)
+
+    def _shapes(self) -> list[tuple[int, int, int]]:
+        """(width, depth, nodes): a chain, a two-wide tree and the full shape."""
+        depth, top_k, total_tokens = self.depth, self.top_k, self.total_tokens
         shapes = [(1, depth, depth)]
         if top_k > 2:
             shapes.append((2, depth, min(total_tokens, 2 * depth)))
         if top_k > 1:
             shapes.append((top_k, depth, total_tokens))
-        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
-        super().__init__(drafter, drafter_options, adaptive, shapes, name)
+        return shapes
+
+    def _fit_depth(self, limit: int, drafter: str) -> None:
+        if self.depth <= limit:
+            return
+        if self.depth_given:
+            raise LightSpecError(f"strategy {self.name!r}: depth={self.depth} is invalid with drafter {drafter!r}, "
+                                 f"which grows trees at most {limit} levels deep; use depth <= {limit}")
+        self.depth = limit
+        self._set_shapes(self._shapes())
 
     def _cost(self, shape) -> float:
         k, d, t = shape
@@ -292,10 +298,24 @@ class StaticTree(TreeStrategy):
 
     def __init__(self, choices=None, drafter="draft_model", drafter_options=None, adaptive: bool = True,
                  name: str | None = None):
+        self.choices_given = choices is not None
         self.choices = parse_choices(self.DEFAULT if choices is None else choices)
+        super().__init__(drafter, drafter_options, adaptive, self._shapes(), name)
+
+    def _shapes(self) -> list[tuple]:
+        """The chain of best children (when it is not the whole tree), then the whole tree."""
         chain = tuple(p for p in self.choices if not any(p))
-        shapes = [chain, tuple(self.choices)] if chain and len(chain) < len(self.choices) else [tuple(self.choices)]
-        super().__init__(drafter, drafter_options, adaptive, shapes, name)
+        return [chain, tuple(self.choices)] if chain and len(chain) < len(self.choices) else [tuple(self.choices)]
+
+    def _fit_depth(self, limit: int, drafter: str) -> None:
+        deepest = max(len(p) for p in self.choices)
+        if deepest <= limit:
+            return
+        if self.choices_given:
+            raise LightSpecError(f"strategy {self.name!r}: choices reach depth {deepest}, but drafter {drafter!r} grows "
+                                 f"trees at most {limit} levels deep; use paths of at most {limit} entries")
+        self.choices = [p for p in self.choices if len(p) <= limit]
+        self._set_shapes(self._shapes())
 
     def _cost(self, shape) -> float:
         hint = self.draft_cost_hints()[self.name]
