@@ -190,3 +190,30 @@ def test_the_server_refuses_a_default_strategy_object_it_cannot_build_again():
     with pytest.raises(LightSpecError, match="its default strategy must be a name, NAME:OPTION=VALUE,..., a mapping "
                                              "or a YAML file, not the object 'my_lookup'"):
         build_app(pipe)
+
+
+def test_the_server_configures_each_group_as_the_served_pipeline():
+    """A pipeline built with a budget, a verifier and the HF forward is served with them
+    (each group's pipeline is built again); a budget object, which holds one pipeline's
+    state, is refused."""
+    from lightspec_core.budget import DynamicBudget, StaticBudget
+    from lightspec_core.server import build_app
+
+    model, _ = cached_tiny()
+    tok = tiny_tokenizer()
+    pipe = MTPPipeline(model, tok, strategy="ngram", budget="static:k=2", lean_target=False)
+    handle = start_server(pipe, port=0, batch_size=2, max_queue=8, model_name="tiny")
+    try:
+        body = {"model": "tiny", "prompt": "one two three one two three", "max_tokens": 6, "temperature": 0}
+        for strategy in ("ngram", "none"):
+            r = httpx.post(handle.url + "/v1/completions", json={**body, "strategy": strategy}, timeout=60)
+            assert r.status_code == 200, r.text
+        groups = {g.key[0]: g.pipe for g in handle.app.state.scheduler.groups.values()}
+        for served in groups.values():
+            assert served.rebuild_options == {"lean_target": False, "verifier": "standard", "budget": "static:k=2"}
+            assert isinstance(served.budget, StaticBudget) and served.budget.k == 2
+    finally:
+        handle.stop()
+    with pytest.raises(LightSpecError, match="its budget must be a name, NAME:OPTION=VALUE,..., a mapping or a YAML "
+                                             "file, not the object"):
+        build_app(MTPPipeline(model, tok, strategy="ngram", budget=DynamicBudget()))

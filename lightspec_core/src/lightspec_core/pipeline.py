@@ -3,6 +3,9 @@
     pipe = MTPPipeline.from_pretrained("org/name" or "path/to/model", strategy="hybrid")
     out = pipe.generate(["def add(a, b):"], max_new_tokens=64)
     out[0].text, out[0].stats.mean_accepted_length
+
+A little over 400 lines: ``MTPPipeline`` is the user-facing API, and each of its arguments
+is checked where it is taken.
 """
 
 from __future__ import annotations
@@ -194,7 +197,7 @@ class MTPPipeline:
         env = PipelineEnv(self.target, tokenizer, self.device, self.dtype, draft_model, progress, cpu_kernels)
         if hasattr(self.strategy, "setup"):
             self.strategy.setup(env)
-        budget = budget if budget is not None else (file_budget or "dynamic")
+        budget_arg, budget = budget, budget if budget is not None else (file_budget or "dynamic")
         self.budget = build_component("budget", budget, reg, default_type="dynamic")
         if sinks is not None and not isinstance(sinks, (list, tuple)):
             raise LightSpecError(f"sinks={sinks!r} is invalid: use a list of sink names, mappings or objects")
@@ -212,6 +215,9 @@ class MTPPipeline:
         if not isinstance(lean_target, bool):
             raise InvalidTypeError(f"lean_target={lean_target!r} is invalid: use True or False")
         self.engine = Engine(self.target, tokenizer, self.bound, self.device, lean_target=lean_target)
+        # with strategy_source: what builds this pipeline again (the server, per request group)
+        self.rebuild_options = {"lean_target": lean_target, "verifier": verifier,
+                                **({"budget": budget_arg} if budget_arg is not None else {})}
         gen_cfg = getattr(target, "generation_config", None)
         eos = getattr(gen_cfg, "eos_token_id", None) if gen_cfg is not None else None
         eos = eos if eos is not None else tokenizer.eos_token_id

@@ -111,7 +111,13 @@ def build_app(pipe, config: ServerConfig | None = None) -> FastAPI:
     metrics = ServerMetrics()
     feed = _dashboard_feed()
     draft = cfg.draft_model if cfg.draft_model is not None else getattr(pipe, "draft_model_source", None)
-    options = dict(cfg.pipeline_options or {})
+    # each group's pipeline is configured as the served one (its budget, verifier, target
+    # forward) unless the config says otherwise; objects hold one pipeline's state and are refused
+    options = {**pipe.rebuild_options, **(cfg.pipeline_options or {})}
+    for key in ("budget", "verifier"):
+        if key in options and not isinstance(options[key], (str, dict)):
+            raise LightSpecError(f"the server builds a pipeline per request group, so its {key} must be a name, "
+                                 f"NAME:OPTION=VALUE,..., a mapping or a YAML file, not the object {options[key]!r}")
 
     def make_pipeline(strategy: str, sampling):
         sinks = [metrics.for_strategy(strategy)] + ([_FeedSink(feed)] if feed is not None else [])
