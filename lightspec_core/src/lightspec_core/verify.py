@@ -113,6 +113,17 @@ def verify_sampled(ctx: StepContext, proposal: DraftProposal, output: TargetOutp
         result = VerifyResult(accepted, emitted)
     else:
         result = _tree_sampled(proposal, p, q, uniforms, exps)
+        # a row whose tree is a chain is verified as a chain, with the uniforms a chain
+        # proposal draws (a prefix of these): a seeded row's text then does not depend on
+        # whether other rows of its batch drafted trees
+        chain = _chain_rows(proposal)
+        if bool(chain.any()):
+            acc_c, emit_c = chain_verify(proposal.tokens, proposal.lengths, p, q, uniforms[:, :N], exps)
+            nodes = torch.arange(N, device=acc_c.device)
+            path_c = torch.where(nodes[None, :] < acc_c[:, None], nodes[None, :], -1)
+            result = VerifyResult(torch.where(chain, acc_c, result.accepted),
+                                  torch.where(chain[:, None], emit_c, result.emitted),
+                                  torch.where(chain[:, None], path_c, result.path))
         emitted = result.emitted
     # a row without a draft takes the token a plain step would sample (sample_next), from
     # the same first random number: its output does not depend on other rows' drafts
@@ -120,6 +131,14 @@ def verify_sampled(ctx: StepContext, proposal: DraftProposal, output: TargetOutp
     if plain.numel():
         emitted[plain, 0] = sample_inverse_cdf(p[plain, 0], first[plain.to(first.device)]).to(emitted.dtype)
     return result
+
+
+def _chain_rows(proposal: DraftProposal) -> torch.Tensor:
+    """``[B]`` bool: the rows whose tree proposal is a chain (node i's parent is i - 1)."""
+    N = proposal.tokens.shape[1]
+    nodes = torch.arange(N, device=proposal.parents.device)
+    real = nodes[None, :] < proposal.lengths[:, None].to(nodes.device)
+    return ((proposal.parents == nodes[None, :] - 1) | ~real).all(dim=1)
 
 
 def _tree_sampled(proposal: DraftProposal, p: torch.Tensor, q: torch.Tensor | None, uniforms: torch.Tensor,
