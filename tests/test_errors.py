@@ -307,14 +307,16 @@ def test_temperature_underflow_on_the_cli(monkeypatch, tmp_path, model_dir):
 # -- 6. strategies -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [123, None, {"type": "ngram"}])
+@pytest.mark.parametrize("bad", [123, None, ["ngram"]])
 def test_strategy_int_is_refused(bad):
+    """(A mapping ``{"type": "ngram"}`` is a strategy spec: tests/test_strategy_specs.py.)"""
     model, tok = cached_tiny()
     with pytest.raises(InvalidTypeError) as info:
         MTPPipeline(model, tok, strategy=bad)
     msg = str(info.value)
     assert msg.startswith(f"strategy={bad!r} ({type(bad).__name__}) is invalid: use a registered strategy name (")
-    assert "ngram" in msg and "a YAML file path, or a strategy object with lightspec_propose" in msg
+    assert "ngram" in msg and ("a YAML file path, a mapping {'type': name, **options}, or a strategy object with "
+                               "lightspec_propose") in msg
 
 
 def test_strategy_objects_with_propose_are_accepted():

@@ -122,7 +122,7 @@ class DSparkStrategy:
         if path is None:
             told = f" (--draft-model {str(dm)!r} is no DSpark/DFlash folder: its config has no block_size)" if given else ""
             raise InvalidValueError(f"strategy {self.name!r} needs a DSpark/DFlash checkpoint: pass checkpoint=PATH "
-                                    f"(or --draft-model PATH); only the zoo target has a default head{told}")
+                                    f"(--strategy {self.name}:checkpoint=PATH, or --draft-model PATH); only the zoo target has a default head{told}")
         cfg, _ = read_config(path)
         if self.require == "dflash" and cfg.kind != "dflash":
             raise CheckpointError(f"{path}: markov_rank={cfg.markov_rank} is a DSpark checkpoint; use strategy 'dspark' "

@@ -142,8 +142,8 @@ class Eagle3Drafter:
                 else:
                     path = zoo_head_for(env.target)
                 if path is None:
-                    raise LightSpecError("strategy 'eagle3' needs an EAGLE-3 head: pass head=PATH (YAML / "
-                                         "strategy options) or --draft-model PATH to a head folder; "
+                    raise LightSpecError("strategy 'eagle3' needs an EAGLE-3 head: pass head=PATH (--strategy eagle3:head=PATH, "
+                                         "YAML or strategy options) or --draft-model PATH to a head folder; "
                                          "train one with `lightspec eagle3 train`")
             if not Path(path).is_dir():
                 raise LightSpecError(f"head={str(path)!r}: no such folder (an EAGLE-3 head folder with config.json)")

@@ -62,7 +62,7 @@ def resolve_head(target, head: str) -> Path:
     if zoo is not None:
         return zoo
     raise LightSpecError(f"strategy 'mtp' found no head for this target ({folder or type(target).__name__}): its config "
-                         "has no num_nextn_predict_layers; pass head=PATH (MTP modules or Medusa heads, e.g. from "
+                         "has no num_nextn_predict_layers; pass head=PATH (--strategy mtp:head=PATH; MTP modules or Medusa heads, e.g. from "
                          "`lightspec mtplayer train`)")
 
 
