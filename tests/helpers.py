@@ -10,6 +10,7 @@
   explicit attention mask, eos disabled: the lossless reference.
 * ``ragged_steps(kv, ...)`` forwards through a ``KVCache`` of 3 rows that exercise
   padding holes, per-row rollback and ragged appends (lean-forward comparisons).
+* ``run_cli(args, capsys)`` ``lightspec ARGS`` in this process: (exit code, stdout, stderr).
 """
 
 from __future__ import annotations
@@ -176,3 +177,12 @@ def ragged_append(batch: int, rnd: int, g: torch.Generator) -> tuple[list[int], 
     new = torch.randint(3, 500, (batch, Q), generator=g)
     v = torch.arange(Q)[None, :] < torch.tensor(q)[:, None]
     return q, new, None if bool(v.all()) else v
+
+
+def run_cli(args, capsys) -> tuple[int, str, str]:
+    """``lightspec ARGS`` in this process: (exit code, stdout, stderr)."""
+    from lightspec_core.cli import main
+
+    rc = main(args)
+    out = capsys.readouterr()
+    return rc, out.out, out.err

@@ -10,9 +10,8 @@ import logging
 import textwrap
 
 import pytest
-from helpers import save_tiny
+from helpers import run_cli, save_tiny
 from lightspec_core.budget import DynamicBudget, FeedbackBudget, StaticBudget
-from lightspec_core.cli import main
 from lightspec_core.component_spec import build_component, parse_spec
 from lightspec_core.plugins import get_registry
 from lightspec_core.stats import JsonlSink, LogSink
@@ -157,12 +156,6 @@ def test_a_strategy_file_selects_sinks(tmp_path):
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return str(save_tiny(tmp_path_factory.mktemp("spec_model")))
-
-
-def run_cli(args, capsys):
-    rc = main(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.mark.parametrize("args, needle", [

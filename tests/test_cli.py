@@ -6,14 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import save_tiny
-from lightspec_core.cli import main
-
-
-def run_cli(args, capsys):
-    rc = main(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
+from helpers import run_cli, save_tiny
 
 
 @pytest.fixture(scope="module")

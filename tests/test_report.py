@@ -9,17 +9,10 @@ import json
 import re
 
 import pytest
-from helpers import cached_tiny, save_tiny
-from lightspec_core.cli import main
+from helpers import cached_tiny, run_cli, save_tiny
 from lightspec_core.dashboard import read_stats, write_report
 
 from lightspec_core import MTPPipeline
-
-
-def run_cli(args, capsys):
-    rc = main(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ import json
 
 import httpx
 import pytest
-from helpers import cached_tiny, save_tiny, tiny_tokenizer
-from lightspec_core.cli import main
+from helpers import cached_tiny, run_cli, save_tiny, tiny_tokenizer
 from lightspec_core.plugins import get_registry
 from lightspec_core.server import start_server
 from lightspec_core.strategy_files import check_strategy_spec, strategy_spec
@@ -29,12 +28,6 @@ class DraftedSink:
     def lightspec_on_stats(self, event):
         if event.kind == "step":
             self.widest = max([self.widest, *event.drafted])
-
-
-def run_cli(args, capsys):
-    rc = main(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 @pytest.fixture(scope="module")
