@@ -177,12 +177,13 @@ def test_the_server_refuses_a_default_strategy_object_it_cannot_build_again():
     from lightspec_core.strategies.ngram import NgramDrafter
 
     model, _ = cached_tiny()
-    strategy = NgramDrafter()
-    strategy.name = "my_lookup"
-    pipe = MTPPipeline(model, tiny_tokenizer(), strategy=strategy)
-    with pytest.raises(LightSpecError, match="its default strategy must be a name, NAME:OPTION=VALUE,..., a mapping "
-                                             "or a YAML file, not the object 'my_lookup'"):
-        build_app(pipe)
+    for name in ("my_lookup", "ngram"):  # rebuilt by a registered name, its options would be lost
+        strategy = NgramDrafter(max_draft=2)
+        strategy.name = name
+        pipe = MTPPipeline(model, tiny_tokenizer(), strategy=strategy)
+        with pytest.raises(LightSpecError, match="its default strategy must be a name, NAME:OPTION=VALUE,..., a "
+                                                 f"mapping or a YAML file, not the object '{name}'"):
+            build_app(pipe)
 
 
 def test_the_server_configures_each_group_as_the_served_pipeline():

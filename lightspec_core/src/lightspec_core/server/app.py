@@ -104,7 +104,7 @@ def build_app(pipe, config: ServerConfig | None = None) -> FastAPI:
     # the default strategy is built again from what built it (a YAML file, a mapping, a name
     # with options), not from its name, which need not be registered
     default_source = pipe.strategy_source
-    if default_source is None and default_strategy not in registered:
+    if default_source is None:  # an object: rebuilt by its name, its options would be lost
         raise LightSpecError(f"the server builds a pipeline per request group, so its default strategy must be a name, "
                              f"NAME:OPTION=VALUE,..., a mapping or a YAML file, not the object {default_strategy!r}")
     strategies = sorted(registered | {default_strategy})
@@ -122,7 +122,7 @@ def build_app(pipe, config: ServerConfig | None = None) -> FastAPI:
     def make_pipeline(strategy: str, sampling):
         sinks = [metrics.for_strategy(strategy)] + ([_FeedSink(feed)] if feed is not None else [])
         extra = {**options, **(cfg.strategy_options or {}).get(strategy, {})}
-        source = default_source if strategy == default_strategy and default_source is not None else strategy
+        source = default_source if strategy == default_strategy else strategy
         return MTPPipeline(target, tokenizer, strategy=source, draft_model=draft, sinks=sinks, **extra)
 
     scheduler = Scheduler(make_pipeline, cfg.batch_size, cfg.max_queue, metrics)
