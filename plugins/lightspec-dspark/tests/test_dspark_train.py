@@ -15,7 +15,7 @@ from lightspec_dspark.checkpoint import load_drafter
 from lightspec_dspark.train import TrainArgs, train
 from safetensors.torch import load_file
 
-from lightspec_core import MTPPipeline
+from lightspec_core import InvalidValueError, MTPPipeline
 
 
 class WordTok:
@@ -64,6 +64,12 @@ def test_train_checkpoint_resume_reload(tmp_path, target):
     assert "embed_tokens.weight" not in a and "lm_head.weight" not in a  # shared with the target
     log = json.loads((tmp_path / "b" / "training_log.json").read_text())
     assert log["steps"] == 5 and log["history"][-1]["step"] == 5 and "acc_per_slot" in log["history"][-1]
+    # a shape that is not the checkpoint's is refused, naming the field and both values
+    other = _args(tmp_path, tmp_path / "b", 6, resume=True)
+    other.head_dim = 16
+    with pytest.raises(InvalidValueError, match=r"--resume: the checkpoint's drafter has head_dim=8, --head-dim asks "
+                                                r"for 16; leave --head-dim out to continue it"):
+        train(target, WordTok(), other)
     cfg = json.loads((tmp_path / "b" / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["target_layer_ids"] == [0, 2] and cfg["block_size"] == 3
     d = load_drafter(tmp_path / "b", target)

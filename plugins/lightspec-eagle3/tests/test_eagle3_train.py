@@ -59,6 +59,11 @@ def test_train_checkpoint_resume_reload(target_dir, tmp_path):
     assert [e["step"] for e in log["log"]] == [1, 3, 5]
     resumed = load_head(out, tiny_target())
     assert not torch.equal(first.fc.weight, resumed.fc.weight)  # the resumed steps trained
+    # a shape that is not the checkpoint's is refused, naming the field and both values
+    r = CliRunner().invoke(cli, [*base[:base.index("--draft-vocab")], "--draft-vocab", "30",
+                                 *base[base.index("--draft-vocab") + 2:], "--max-steps", "6", "--resume"])
+    assert r.exit_code != 0 and "--resume: the checkpoint's head has draft_vocab_size=40, --draft-vocab asks for 30" \
+        in str(r.exception), r.output
     assert torch.equal(first.d2t, resumed.d2t)
     # resuming reproduces an uninterrupted run (same batches, same optimizer state)
     whole = tmp_path / "whole"

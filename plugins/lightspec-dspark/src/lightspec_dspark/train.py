@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from lightspec_core import InvalidValueError
+
 from .checkpoint import new_drafter, save_drafter, target_config_dict
 from .config import DSparkConfig
 
@@ -174,6 +176,27 @@ def build_config(target, args: TrainArgs) -> DSparkConfig:
         confidence_head_with_markov=args.confidence_head and args.markov_rank > 0)
 
 
+# the arguments that shape a drafter, and the config field each sets
+SHAPE_ARGS = {"block_size": "block_size", "num_layers": "num_hidden_layers", "intermediate_size": "intermediate_size",
+              "num_heads": "num_attention_heads", "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+              "target_layer_ids": "target_layer_ids", "markov_rank": "markov_rank",
+              "markov_head_type": "markov_head_type", "confidence_head": "enable_confidence_head",
+              "mask_token_id": "mask_token_id"}
+CLI_NAMES = {"num_layers": "layers", "num_heads": "heads", "num_kv_heads": "kv-heads", "target_layer_ids": "taps"}
+
+
+def _refuse_other_shape(args: TrainArgs, saved: DSparkConfig, asked: DSparkConfig) -> None:
+    """``--resume`` continues the checkpoint's drafter: a shape argument given (not left at
+    its default) that differs from it is an error naming the field and both values."""
+    default = TrainArgs(out="", data=[])
+    for arg, name in SHAPE_ARGS.items():
+        if getattr(args, arg) != getattr(default, arg) and getattr(asked, name) != getattr(saved, name):
+            flag = "--" + CLI_NAMES.get(arg, arg.replace("_", "-"))
+            raise InvalidValueError(f"--resume: the checkpoint's drafter has {name}={getattr(saved, name)!r}, {flag} "
+                                    f"asks for {getattr(asked, name)!r}; leave {flag} out to continue it, or train a new "
+                                    "drafter in another --out")
+
+
 def block_mask(anchors: torch.Tensor, T: int, gamma: int) -> torch.Tensor:
     """``[B, 1, nb * gamma, T + nb * gamma]``: slot of block i sees context columns ``< anchors[:, i]``
     and the slots of block i."""
@@ -261,6 +284,8 @@ def train(target, tokenizer, args: TrainArgs, progress=None, log=print) -> dict:
         raise FileNotFoundError(f"--resume: {state_path} does not exist (train without --resume first)")
     state = torch.load(state_path, map_location="cpu", weights_only=False) if resumed else None
     cfg = DSparkConfig(**state["config"]) if resumed else build_config(target, args)
+    if resumed:
+        _refuse_other_shape(args, cfg, build_config(target, args))
     drafter = new_drafter(target, cfg, seed=args.seed).to(device)
     opt = torch.optim.AdamW(drafter.parameters(), lr=args.lr, weight_decay=0.0)
     data_path = out / "data.pt"

@@ -104,6 +104,26 @@ def head_config(target, args: TrainArgs) -> HeadConfig:
     )
 
 
+# the arguments that shape a head, and the config field each sets
+SHAPE_ARGS = {"draft_vocab": "draft_vocab_size", "intermediate_size": "intermediate_size",
+              "heads": "num_attention_heads", "kv_heads": "num_key_value_heads", "head_dim": "head_dim",
+              "layer_ids": "aux_layer_ids", "norm_before_residual": "norm_before_residual"}
+
+
+def _refuse_other_shape(args: TrainArgs, saved: HeadConfig, asked: HeadConfig, saved_args: dict) -> None:
+    """``--resume`` continues the checkpoint's head: a shape argument given (not left at its
+    default) that differs from it is an error naming the field and both values."""
+    default = TrainArgs(target="", data=[], out="")
+    for arg, name in SHAPE_ARGS.items():
+        if getattr(args, arg) != getattr(default, arg) and getattr(asked, name) != getattr(saved, name):
+            raise InvalidValueError(f"--resume: the checkpoint's head has {name}={getattr(saved, name)!r}, "
+                                    f"--{arg.replace('_', '-')} asks for {getattr(asked, name)!r}; leave "
+                                    f"--{arg.replace('_', '-')} out to continue it, or train a new head in another --out")
+    if args.share_lm_head and not saved_args.get("share_lm_head"):
+        raise InvalidValueError("--resume: the checkpoint's head has its own lm_head, --share-lm-head asks for the "
+                                "target's; leave --share-lm-head out to continue it")
+
+
 def _load_target(path: str, device: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -182,6 +202,7 @@ def train(args: TrainArgs, progress: bool = True) -> dict:
             raise InvalidValueError(f"--resume: {state_file} does not exist (train without --resume first)")
         state = torch.load(state_file, map_location="cpu", weights_only=False)
         cfg = HeadConfig(**state["config"])
+        _refuse_other_shape(args, cfg, head_config(target, args), state["shape_args"])
         vocab_ids = np.asarray(state["vocab_ids"])
     else:
         cfg = head_config(target, args)
