@@ -112,18 +112,18 @@ def verify_sampled(ctx: StepContext, proposal: DraftProposal, output: TargetOutp
         accepted, emitted = chain_verify(proposal.tokens, proposal.lengths, p, q, uniforms, exps)
         result = VerifyResult(accepted, emitted)
     else:
-        result = _tree_sampled(proposal, p, q, uniforms, exps)
         # a row whose tree is a chain is verified as a chain, with the uniforms a chain
         # proposal draws (a prefix of these): a seeded row's text then does not depend on
         # whether other rows of its batch drafted trees
         chain = _chain_rows(proposal)
-        if bool(chain.any()):
+        result = None if bool(chain.all()) else _tree_sampled(proposal, p, q, uniforms, exps)
+        if result is None or bool(chain.any()):
             acc_c, emit_c = chain_verify(proposal.tokens, proposal.lengths, p, q, uniforms[:, :N], exps)
             nodes = torch.arange(N, device=acc_c.device)
             path_c = torch.where(nodes[None, :] < acc_c[:, None], nodes[None, :], -1)
-            result = VerifyResult(torch.where(chain, acc_c, result.accepted),
-                                  torch.where(chain[:, None], emit_c, result.emitted),
-                                  torch.where(chain[:, None], path_c, result.path))
+            result = VerifyResult(acc_c, emit_c, path_c) if result is None else VerifyResult(
+                torch.where(chain, acc_c, result.accepted), torch.where(chain[:, None], emit_c, result.emitted),
+                torch.where(chain[:, None], path_c, result.path))
         emitted = result.emitted
     # a row without a draft takes the token a plain step would sample (sample_next), from
     # the same first random number: its output does not depend on other rows' drafts
