@@ -270,6 +270,8 @@ def strategies(as_json):
         click.echo(f"{label:<22} [{r['plugin']}] {r['description']}")
         for k, v in r["parameters"].items():
             click.echo(f"{'':<24}{k}: {v}")
+    click.echo("\noptions: --strategy NAME:OPTION=VALUE,... (e.g. eagle3:max_draft=4), --budget the same, "
+               "or a YAML file (docs/user-guide.md)")
 
 
 @cli.command()
