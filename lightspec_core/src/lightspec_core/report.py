@@ -115,12 +115,13 @@ def _ratio_text(ratio: float | None, ci: list[float] | None, times: str) -> str:
 def format_table(wname: str, w: dict, n: int) -> str:
     """One workload's results as the plain-text table ``lightspec bench`` prints."""
     vs_none = any(r.get("speedup_vs_none") for r in w["results"])
+    m = max([30, *(len(r["name"]) + 2 for r in w["results"])])  # a strategy named with options can be long
     lines = [f"\n== {wname} ({n} prompts; speed-up vs {w['baseline']}) ==",
-             f"{'method':<30}{'tok/s':>9}{'speed-up (95% CI)':>22}" + (f"{'vs none (95% CI)':>22}" if vs_none else "")
+             f"{'method':<{m}}{'tok/s':>9}{'speed-up (95% CI)':>22}" + (f"{'vs none (95% CI)':>22}" if vs_none else "")
              + f"{'acc.len':>9}{'accept':>8}{'overhead':>10}{'bubble':>8}{'+mem MB':>9}{'identical':>11}  per-position acceptance"]
     for r in w["results"]:
         if r["error"]:
-            lines.append(f"{r['name']:<30} error: {r['error'][:90]}")
+            lines.append(f"{r['name']:<{m}} error: {r['error'][:90]}")
             continue
         sp = speedup_text(r, "x")
         al = f"{r['mean_accepted_length']:.2f}" if r["mean_accepted_length"] else "-"
@@ -130,7 +131,7 @@ def format_table(wname: str, w: dict, n: int) -> str:
         ident = "-" if r["identical_to_hf"] is None else f"{r['identical_to_hf']}/{r.get('identical_checked') or n}"
         pp = " ".join(f"{x:.2f}" for x in r["per_position_acceptance"][:8])
         vn = f"{vs_none_text(r, 'x'):>22}" if vs_none else ""
-        lines.append(f"{r['name']:<30}{r['tokens_per_s']:>9.1f}{sp:>22}{vn}{al:>9}{ac:>8}{ov:>10}{bu:>8}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
+        lines.append(f"{r['name']:<{m}}{r['tokens_per_s']:>9.1f}{sp:>22}{vn}{al:>9}{ac:>8}{ov:>10}{bu:>8}{r['peak_extra_mb']:>9.1f}{ident:>11}  {pp}")
     return "\n".join(lines)
 
 
