@@ -62,6 +62,31 @@ def hf_reference(model, batch: list[list[int]], new: int) -> list[list[int]]:
     return ref
 
 
+def diagnose(target, tok, batch, ref, new) -> list[dict]:
+    """Per prompt where ``none`` (lean and HF target forward) differs from HF ``generate``:
+    the first differing position, the two tokens, and the margin between HF's two best
+    logits there, from one HF forward over the prompt and the reference continuation."""
+    from lightspec_core import MTPPipeline
+
+    out = []
+    for lean in (True, False):
+        pipe = MTPPipeline(target, tok, strategy="none", lean_target=lean, cpu_kernels=CPU_KERNELS)
+        got, _, _ = run(pipe, batch, 1, new)
+        for i, (g, r) in enumerate(zip(got, ref)):
+            if g == r:
+                continue
+            j = next(k for k, (a, b) in enumerate(zip(g, r)) if a != b)
+            with torch.inference_mode():
+                ids = torch.tensor([batch[i] + r[:j]], device=target.device)
+                logits = target(ids).logits[0, -1].float()
+            top = torch.topk(logits, 2)
+            out.append(dict(prompt=i, lean_target=lean, position=j, ours=g[j], hf=r[j],
+                            hf_top2=top.indices.tolist(), margin=float(top.values[0] - top.values[1]),
+                            ours_minus_hf_logit=float(logits[g[j]] - logits[r[j]]),
+                            max_abs_logit=float(logits.abs().max())))
+    return out
+
+
 def run(pipe, batch, bs, new, **kw):
     got, fails, acc, steps = [], [], 0.0, 0
     seeds = kw.pop("seed", None)
@@ -86,6 +111,7 @@ def main() -> int:
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated; ';' also separates")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--no-sampled", action="store_true")
+    ap.add_argument("--diagnose", action="store_true", help="only: where `none` differs from HF, and by how much")
     ap.add_argument("--cpu-kernels", action="store_true", help="on the CPU: LightSpec's kernels in the models (batch invariant)")
     args = ap.parse_args()
 
@@ -112,6 +138,10 @@ def main() -> int:
         target = load_model(str(lightspec_zoo.model_path()), dev, dtype)
         draft = load_model(str(lightspec_zoo.model_path("draft")), dev, dtype)
         ref = hf_reference(target, batch, args.new)
+        if args.diagnose:
+            for row in diagnose(target, tok, batch, ref, args.new):
+                record(dict(dtype=dname, **row))
+            continue
         for spec in strategies:
             for bs in [int(b) for b in args.batches.split(",")]:
                 row = dict(dtype=dname, strategy=spec, batch=bs, total=len(batch))
