@@ -16,6 +16,7 @@ State-dict names follow the public formats (``formats.py`` maps them onto files)
 from __future__ import annotations
 
 import copy
+import inspect
 
 import torch
 from torch import nn
@@ -36,6 +37,19 @@ def block_config(target: nn.Module):
     cfg = copy.deepcopy(target.config)
     cfg._attn_implementation = "sdpa"
     return cfg
+
+
+def cache_argument(block: nn.Module) -> str:
+    """The name under which ``block.forward`` takes its KV cache: ``cache`` (transformers
+    5.25), ``past_key_values`` (5.17 and earlier 5.x releases) or ``past_key_value`` (4.x).  A cache passed
+    under another name lands in ``**kwargs`` and is silently ignored (the block then attends
+    to the new tokens only), so an unknown signature is refused here."""
+    params = inspect.signature(block.forward).parameters
+    for name in ("cache", "past_key_values", "past_key_value"):
+        if name in params:
+            return name
+    raise TypeError(f"{type(block).__name__}.forward takes no KV cache argument (cache, past_key_values or "
+                    f"past_key_value); its parameters: {', '.join(params)}")
 
 
 class _SharedHead(nn.Module):
@@ -73,6 +87,7 @@ class MTPLayer(nn.Module):
         head = nn.Linear(H, cfg.vocab_size, bias=False) if own_head else None
         self.shared_head = _SharedHead(norm_cls(H, eps=eps), head)
         self.index = index
+        self._cache_arg = cache_argument(block)
         # the target's modules, shared (not parameters of this module: never saved or trained)
         object.__setattr__(self, "_embed", target.get_input_embeddings())
         object.__setattr__(self, "_target_head", target.get_output_embeddings())
@@ -95,8 +110,8 @@ class MTPLayer(nn.Module):
         e = self.enorm(self._embed(input_ids).to(states.dtype))
         x = self.eh_proj(torch.cat([e, self.hnorm(states)], dim=-1))
         cos_sin = self._rotary(x, position_ids)
-        out = self.block(x, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
-                         use_cache=cache is not None, position_embeddings=cos_sin)
+        out = self.block(x, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None,
+                         position_embeddings=cos_sin, **{self._cache_arg: cache})
         return out[0] if isinstance(out, tuple) else out
 
 
