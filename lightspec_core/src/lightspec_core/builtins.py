@@ -49,7 +49,9 @@ def lightspec_register_strategies(register):
                              "token_map.json, if any), 'none', or a JSON file path",
                 "max_context": "the draft model sees only the last N prompt tokens (128); 0: the whole prompt",
                 "batch_context": "and the batch's prompt tails together hold at most N tokens, 16 per row at least "
-                                 "(256: 32 per row at batch 8); 0: no batch-wide limit"},
+                                 "(256: 32 per row at batch 8); 0: no batch-wide limit. Greedy only: a sampled "
+                                 "row sees its last max_context prompt tokens, so its seeded text does not "
+                                 "depend on its batch"},
     )
     register(
         "layerskip",

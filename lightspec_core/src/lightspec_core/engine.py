@@ -156,6 +156,7 @@ class Engine:
             batch.seed_generators(stream=None)
         return StepContext(
             step=batch.step, sequences=(), row_ids=[r.request for r in rows],
+            prompt_lengths=[r.prompt_len for r in rows],
             sampling=batch.sampling, generators=[r.draft_gen for r in rows], history=[r.history for r in rows],
             target=self.target, tokenizer=self.tokenizer, device=self.device, vocab_size=self.vocab_size,
             runner=self.runner, deterministic=batch.deterministic,

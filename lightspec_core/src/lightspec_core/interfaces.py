@@ -245,6 +245,8 @@ class StepContext:
       sequences:     one read-only tuple of token ids per row: prompt + emitted so far; the last
                      one is the newest token, not yet run through the target
       row_ids:       the request index of each row (rows leave the batch when done)
+      prompt_lengths: each row's prompt length (its first ``prompt_lengths[b]`` tokens of
+                     ``sequences[b]``); empty where the caller does not know them
       history:       one ``RowHistory`` per row (decayed acceptance)
       sampling:      the requests' ``SamplingParams`` (warp draft logits with ``warped_probs``)
       deterministic: every request is seeded: budget policies must decide from acceptance
@@ -280,6 +282,7 @@ class StepContext:
     step: int
     sequences: Sequence[Sequence[int]]
     row_ids: list[int]
+    prompt_lengths: list[int] = field(default_factory=list)
     max_draft: torch.Tensor | None = None
     max_draft_list: list[int] = field(default_factory=list)
     min_confidence: torch.Tensor | None = None

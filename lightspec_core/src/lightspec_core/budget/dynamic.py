@@ -122,6 +122,10 @@ class DynamicBudget:
         self.recheck_rows = 0  # ... of that many rows
         self.recheck_every = RECHECK  # the interval, doubling while the batch keeps choosing k = 0
         self.deterministic = False  # the current generation's requests are all seeded
+        # the sources whose per-request acceptance seeded rows learn: the strategy's structural
+        # ones (draft_cost_hints), known from the first step, not the ones with a measured
+        # cost so far (those depend on what ran before and on the batch's other rows)
+        self.hint_sources: tuple[str, ...] = ()
         self.fresh = True  # no decision yet in this generation
         self.last_k = 0  # the last decision's k (0 for plain and seeded steps)
         self.idle = 0  # a single row's k = 0 model decisions in a row (explore_after)
@@ -161,6 +165,7 @@ class DynamicBudget:
             self.learn_deferred()
         self.deterministic = ctx.deterministic
         hints = ctx.draft_cost_hints or {}
+        self.hint_sources = tuple(hints)
         free = [s for s, h in hints.items() if h == 0]
         self.guard.mixed = B == 1 and 0 < len(free) < len(hints)  # free and model drafters: two guards
         if ctx.deterministic:
@@ -329,7 +334,7 @@ class DynamicBudget:
         self.cost.learn(event)
         self.guard.track(event, self.deterministic)
         self.guard.check(event)
-        self.acceptance.learn(event, self.last_k > 0, self.cost.draft_cost)
+        self.acceptance.learn(event, self.last_k > 0, self.hint_sources if self.deterministic else self.cost.draft_cost)
         self.gate.learn(event)
 
     def _thresholds(self, ctx: StepContext) -> torch.Tensor:

@@ -147,6 +147,25 @@ class ModelDrafter:
     def reset(self) -> None:
         self.kv = None
 
+    def _context_starts(self, ctx: StepContext, contexts) -> list[int]:
+        """Per row: the leading context tokens never fed to the draft (``max_context``,
+        ``batch_context``), for a cache built from scratch.
+
+        A sampled row's start depends on the row alone: ``max_context`` before its prompt's
+        end (``ctx.prompt_lengths``), also when the cache is rebuilt (a row joined) or first
+        built steps into the generation (a cascade or lazy union that needed no draft
+        before): its drafts, and with them its seeded sample, are then what it gets alone.
+        (``batch_context`` cuts by the batch's size, so a sampled row's draft would see
+        another context in a batch than alone.)  A greedy row takes the cheaper start from
+        its current length and ``batch_context``: the verifier makes its output the
+        target's whatever it drafts."""
+        if ctx.sampling.greedy:
+            span = self.context_span(ctx.batch)
+            return [max(0, len(s) - 1 - span) if span else 0 for s in contexts]
+        span = self.max_context
+        ends = ctx.prompt_lengths or [len(s) for s in contexts]
+        return [max(0, n - 1 - span) if span else 0 for n in ends]
+
     def draft_cost_hints(self) -> dict[str, float]:
         """A structural estimate of what one draft token costs relative to a target step:
         the share of the target's parameters a draft forward reads.  Timing-free, so the
@@ -252,9 +271,7 @@ class ModelDrafter:
                 self.runner.restrict_vocab(torch.unique(torch.cat([self.hot, mine])))
             self.fed = [[] for _ in range(B)]
             self.base = [0] * B  # per row: this many tokens of `fed` are known to match the context
-            # per row: the leading context tokens never fed to the draft (max_context)
-            span = self.context_span(B)
-            self.offset = [max(0, len(s) - 1 - span) if span else 0 for s in contexts]
+            self.offset = self._context_starts(ctx, contexts)
             self.row_ids = list(ctx.row_ids)
         elif self.row_ids != ctx.row_ids:
             pos = {r: i for i, r in enumerate(self.row_ids)}

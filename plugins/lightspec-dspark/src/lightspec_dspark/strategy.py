@@ -244,7 +244,12 @@ class DSparkStrategy:
         self._ingest(ctx)
         t0 = time.perf_counter()
         d, cfg = self.drafter, self.drafter.cfg
-        B, dev, gamma = ctx.batch, ctx.device, max(limits)
+        # the block's slots attend to each other (one non-causal forward), so each slot's draft
+        # depends on the block's width: a sampled batch always drafts the full block, and a
+        # row's draft, hence its seeded sample, is then what it gets alone (at the batch's
+        # widest limit it differed); greedy drafts only as wide as the widest row may keep
+        B, dev = ctx.batch, ctx.device
+        gamma = max(limits) if ctx.sampling.greedy else self.block
         dtype = d.fc.weight.dtype
         ctx_kv, valid = self._context(ctx, dtype, dev)
         last = torch.tensor([s[-1] for s in ctx.sequences], device=dev)
