@@ -52,13 +52,24 @@ def prompts(tok, n_tokens: int) -> list[list[int]]:
 
 
 def hf_reference(model, batch: list[list[int]], new: int) -> list[list[int]]:
+    """HF greedy ``generate`` at batch 1, ``new`` tokens each, the end-of-text token taken
+    like any other (as LightSpec's ``ignore_eos=True``; ``min_new_tokens`` would instead mask
+    it, and where it is the argmax HF would take the runner-up)."""
+    import copy
+
+    saved = model.generation_config
+    # the model's own config fills what a passed one leaves unset (None), the end-of-text id too
+    model.generation_config = copy.deepcopy(saved)
+    model.generation_config.update(eos_token_id=None, pad_token_id=None, bos_token_id=None)
     ref = []
-    with torch.inference_mode():
-        for p in batch:
-            ids = torch.tensor([p], device=model.device)
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                                 min_new_tokens=new, do_sample=False, pad_token_id=0)
-            ref.append(out[0, len(p):].tolist())
+    try:
+        with torch.inference_mode():
+            for p in batch:
+                ids = torch.tensor([p], device=model.device)
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
+                ref.append(out[0, len(p):].tolist())
+    finally:
+        model.generation_config = saved
     return ref
 
 

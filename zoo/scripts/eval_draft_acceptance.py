@@ -15,6 +15,7 @@ Compare drafts on the same target: python zoo/scripts/eval_draft_acceptance.py -
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from pathlib import Path
 
@@ -28,15 +29,17 @@ MODELS = ROOT / "zoo" / "src" / "lightspec_zoo" / "models"
 def chain_matches(draft, context: torch.Tensor, truth: torch.Tensor, k: int) -> int:
     """context [T] (long), truth [>=1] (the target's next tokens): how many of the draft's k greedy
     tokens from context match truth before the first miss."""
+    # transformers renamed the cache argument and output within 5.x (past_key_values -> cache)
+    name = "cache" if "cache" in inspect.signature(draft.forward).parameters else "past_key_values"
     out = draft(context[None], use_cache=True)
-    cache, n = out.cache, 0
+    cache, n = getattr(out, name), 0
     tok = out.logits[0, -1].argmax()
     for j in range(min(k, truth.numel())):
         if tok != truth[j]:
             break
         n += 1
-        out = draft(tok.view(1, 1), cache=cache, use_cache=True)
-        cache, tok = out.cache, out.logits[0, -1].argmax()
+        out = draft(tok.view(1, 1), use_cache=True, **{name: cache})
+        cache, tok = getattr(out, name), out.logits[0, -1].argmax()
     return n
 
 
