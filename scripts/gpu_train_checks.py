@@ -6,12 +6,13 @@ use: the check that the training code that ships the zoo heads on the CPU also r
     python scripts/gpu_train_checks.py --compare cpu.json cuda.json        # losses side by side
 
 Each trainer (``lightspec eagle3 train``, ``dspark train``, ``mtplayer train --kind mtp`` and
-``--kind medusa``) trains a small head for the zoo target on this repository's own Python
-sources, with a fixed seed, for ``--steps`` optimizer steps; its first and last logged losses
-are recorded. Then the head drafts for the zoo target on the same device (float32, greedy, 4
+``--kind medusa``) trains a small head for the zoo target on lightspec-core's own sources
+(``--data``; the same files on both machines), with a fixed seed, for ``--steps`` optimizer
+steps; its first and last logged losses are recorded. Then the head drafts for the zoo target on the same device (float32, greedy, 4
 suite prompts): the output must equal plain decoding's and no step may fail. ``--compare``
 prints both runs' losses: the same code, seed and data on two devices must give the same
-first loss (up to float rounding) and a nearby last one.
+first loss (up to float rounding) and a nearby last one (measured on an H200:
+docs/benchmarks.md, "GPU, 2026-12-04").
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="/tmp/ls_train_checks")
     ap.add_argument("--only", default="eagle3,dspark,mtp,medusa")
+    # tracked files only: an editable install's *.egg-info (text) sits beside the package and
+    # does not travel to another machine, so "lightspec_core/src" held other data there
+    ap.add_argument("--data", default=str(HERE / "lightspec_core" / "src" / "lightspec_core"),
+                    help="training text for every trainer (default: lightspec-core's own sources)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
     args = ap.parse_args()
@@ -100,7 +105,7 @@ def main() -> int:
 
     out = Path(args.out)
     runs, bad = {}, 0
-    cmds = trainers(str(lightspec_zoo.model_path()), str(HERE / "lightspec_core" / "src"), out, args.device, args.steps)
+    cmds = trainers(str(lightspec_zoo.model_path()), args.data, out, args.device, args.steps)
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for name in args.only.split(","):
         t0 = time.perf_counter()
