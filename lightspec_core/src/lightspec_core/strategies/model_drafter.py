@@ -148,17 +148,13 @@ class ModelDrafter:
         self.kv = None
 
     def _context_starts(self, ctx: StepContext, contexts) -> list[int]:
-        """Per row: the leading context tokens never fed to the draft (``max_context``,
-        ``batch_context``), for a cache built from scratch.
+        """Per row: the leading context tokens never fed to the draft, for a new cache.
 
-        A sampled row's start depends on the row alone: ``max_context`` before its prompt's
-        end (``ctx.prompt_lengths``), also when the cache is rebuilt (a row joined) or first
-        built steps into the generation (a cascade or lazy union that needed no draft
-        before): its drafts, and with them its seeded sample, are then what it gets alone.
-        (``batch_context`` cuts by the batch's size, so a sampled row's draft would see
-        another context in a batch than alone.)  A greedy row takes the cheaper start from
-        its current length and ``batch_context``: the verifier makes its output the
-        target's whatever it drafts."""
+        Sampled rows start ``max_context`` before their own prompt's end
+        (``ctx.prompt_lengths``), whenever the cache is built (a row joined, or a cascade's
+        first draft): their drafts, hence their seeded samples, are what they get alone.
+        Greedy rows take the cheaper start from their current length and ``batch_context``
+        (a cut by the batch's size): the verifier keeps their output the target's."""
         if ctx.sampling.greedy:
             span = self.context_span(ctx.batch)
             return [max(0, len(s) - 1 - span) if span else 0 for s in contexts]
