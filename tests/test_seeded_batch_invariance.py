@@ -70,3 +70,40 @@ def test_a_seeded_request_gets_the_same_text_alone_in_a_batch_and_after_other_ru
     for i, (prompt, seed) in enumerate(zip(prompts, SEEDS)):
         alone = solo.generate([prompt], seed=[seed], **KW)[0]
         assert alone.token_ids == together[i].token_ids, f"row {i}"
+
+
+@pytest.mark.parametrize("strategy", ["draft_model", "dspark"])
+def test_a_seeded_request_joining_a_running_batch_gets_its_text_alone(strategy):
+    """Continuous batching (the server's ``EngineSession``): a request that joins a batch
+    mid-way, while others join and leave, samples what it samples alone.  A joining row
+    rebuilds ``draft_model``'s cache for every row; a sampled row's context still starts
+    from its own prompt (with the batch's cut, this failed).  DSpark keeps a context store
+    per request, which joins and departures must leave alone."""
+    from lightspec_core.engine_session import EngineSession
+    from lightspec_core.sampling import SamplingParams
+
+    model, tok = _zoo()
+    sets = lightspec_zoo.prompt_sets()
+    prompts = [tok(p).input_ids for p in (sets["edit"][1], sets["prose"][3], sets["edit"][0])]  # 210-265 tokens
+    sampling = SamplingParams(temperature=0.8)
+
+    def pipe():
+        return MTPPipeline(model, tok, strategy=strategy, draft_model=str(lightspec_zoo.model_path("draft")))
+
+    alone = EngineSession(pipe().engine, sampling, eos_ids=set())
+    want = alone.add(0, prompts[0], 32, seed=42).tokens
+    while alone.requests:
+        want += [t for o in alone.step() for t in o.tokens]
+    shared = EngineSession(pipe().engine, sampling, eos_ids=set())
+    shared.add(5, prompts[1], 32, seed=1)
+    for _ in range(3):
+        shared.step()
+    got = shared.add(6, prompts[0], 32, seed=42).tokens
+    shared.add(7, prompts[2], 6, seed=3)  # leaves early
+    joined = False
+    while shared.requests:
+        got += [t for o in shared.step() if o.request == 6 for t in o.tokens]
+        if not joined and 7 not in shared.requests:
+            shared.add(8, prompts[1], 8, seed=4)  # another joins after one left
+            joined = True
+    assert got == want
