@@ -9,7 +9,7 @@ Three ways it broke, each fixed:
   ``max_context`` before their own prompt's end (``StepContext.prompt_lengths``).
 * DSpark drafted a block as wide as the batch's widest limit, and the block's slots attend to
   each other: near the end of a generation (or under the dynamic budget) a row's draft
-  changed with its neighbours' limits; a sampled batch now always drafts the full block.
+  changed with its neighbours' limits; a sampled row's slots now see only its own limit's.
 * The dynamic budget learned seeded rows' per-source acceptance only for the drafters whose
   cost it had measured so far (none at the first steps of a fresh pipeline, more after earlier
   runs or other rows' drafts); it now learns them for the strategy's structural sources.

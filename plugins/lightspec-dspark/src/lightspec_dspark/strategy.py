@@ -244,12 +244,7 @@ class DSparkStrategy:
         self._ingest(ctx)
         t0 = time.perf_counter()
         d, cfg = self.drafter, self.drafter.cfg
-        # the block's slots attend to each other (one non-causal forward), so each slot's draft
-        # depends on the block's width: a sampled batch always drafts the full block, and a
-        # row's draft, hence its seeded sample, is then what it gets alone (at the batch's
-        # widest limit it differed); greedy drafts only as wide as the widest row may keep
-        B, dev = ctx.batch, ctx.device
-        gamma = max(limits) if ctx.sampling.greedy else self.block
+        B, dev, gamma = ctx.batch, ctx.device, max(limits)
         dtype = d.fc.weight.dtype
         ctx_kv, valid = self._context(ctx, dtype, dev)
         last = torch.tensor([s[-1] for s in ctx.sequences], device=dev)
@@ -257,9 +252,18 @@ class DSparkStrategy:
         ids[:, 0] = last
         start = torch.tensor([len(s) - 1 for s in ctx.sequences], device=dev)
         positions = start[:, None] + torch.arange(gamma, device=dev)
-        # a single row sees every column: no mask
-        mask = None if valid is None else torch.cat(
-            [valid[:, None, :].expand(B, gamma, -1), valid.new_ones(B, gamma, gamma)], dim=-1)[:, None]
+        # a single row sees every column: no mask.  The block's slots attend to each other (one
+        # non-causal forward), so a slot's draft depends on how many slots it sees: sampled,
+        # each row sees only its own limit's slots, as it would alone, so its draft, hence its
+        # seeded sample, does not depend on the batch; greedy rows see the whole block
+        if valid is None:
+            mask = None
+        else:
+            block = valid.new_ones(B, gamma, gamma)
+            if not ctx.sampling.greedy:
+                own = torch.tensor(limits, device=dev)
+                block = (torch.arange(gamma, device=dev)[None, None, :] < own[:, None, None]).expand(B, gamma, gamma)
+            mask = torch.cat([valid[:, None, :].expand(B, gamma, -1), block], dim=-1)[:, None]
         h = self.impl.backbone(ids, positions, ctx_kv, mask)  # [B, gamma, H]
         base = d.base_logits(h)
         tokens = torch.zeros(B, gamma, dtype=torch.long, device=dev)
