@@ -552,8 +552,9 @@ class LeanDecoder:
 
         With ``cpu_attention``: LightSpec's kernel (hf_attention), whose results do not
         depend on how the mask is given.  Otherwise SDPA, with grouped-query attention laid
-        out the way transformers' SDPA integration lays it out (GQA inside SDPA without a
-        mask; one query token packed as ``[B, H_kv, n_rep, D]`` with a mask; keys repeated
+        out the way the installed transformers' SDPA integration lays it out
+        (``_installed_sdpa_layout``: GQA inside SDPA where its ``use_gqa_in_sdpa`` says so;
+        one query token packed as ``[B, H_kv, n_rep, D]`` where it packs; keys repeated
         otherwise), because a different layout rounds differently and the target's forward
         must match HF's bit for bit."""
         if self.cpu_attention and qs.dtype == torch.float32 and qs.device.type == "cpu":
@@ -562,11 +563,11 @@ class LeanDecoder:
         if rep == 1:
             o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scale)
             return o.transpose(1, 2)
-        if mask is None:
-            o = F.scaled_dot_product_attention(qs, keys, values, scale=self.scale, enable_gqa=True)
+        if _hf_gqa_in_sdpa(mask, keys, values):
+            o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scale, enable_gqa=True)
             return o.transpose(1, 2)
         B, H, q, D = qs.shape
-        if q == 1:
+        if q == 1 and _HF_PACKS_ONE_QUERY:
             packed = qs.reshape(B, self.n_kv, rep, D)
             o = F.scaled_dot_product_attention(packed, keys, values, attn_mask=mask, scale=self.scale)
             return o.reshape(B, H, 1, D).transpose(1, 2)
@@ -574,6 +575,22 @@ class LeanDecoder:
         values = values[:, :, None].expand(B, self.n_kv, rep, *values.shape[2:]).reshape(B, H, *values.shape[2:])
         o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask, scale=self.scale)
         return o.transpose(1, 2)
+
+
+def _installed_sdpa_layout():
+    """How the installed transformers' SDPA integration lays out grouped-query attention:
+    its ``use_gqa_in_sdpa(mask, key, value)`` (GQA inside SDPA) and whether it packs a
+    one-token query onto the key/value heads (``pack_gqa``, transformers 5.25; 5.17 repeats
+    the keys instead).  The lean forward follows it, since another layout rounds otherwise."""
+    try:
+        from transformers.integrations import sdpa_attention as hf
+    except ImportError:  # pragma: no cover - every supported transformers has it
+        return (lambda mask, key, value: mask is None), True
+    use = getattr(hf, "use_gqa_in_sdpa", None) or (lambda mask, key, value: mask is None)
+    return use, hasattr(hf, "pack_gqa")
+
+
+_hf_gqa_in_sdpa, _HF_PACKS_ONE_QUERY = _installed_sdpa_layout()
 
 
 def exact_lean_target(model: nn.Module) -> LeanDecoder | None:
