@@ -191,7 +191,7 @@ def main() -> int:
         del target, draft
     summary = {}
     for r in rows:
-        if "sampled" in r:
+        if "sampled" in r or "identical" not in r:  # sampled rows and --diagnose rows
             continue
         s = summary.setdefault(r["dtype"], [0, 0, 0])
         s[0] += r["identical"]
