@@ -186,3 +186,41 @@ def run_cli(args, capsys) -> tuple[int, str, str]:
     rc = main(args)
     out = capsys.readouterr()
     return rc, out.out, out.err
+
+
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def put_in_hub_cache(cache: Path, repo: str, src: Path) -> Path:
+    """Copy the files of folder ``src`` into HF hub cache ``cache`` as repository ``repo``, laid
+    out as ``hf download`` lays it out: ``models--org--name/{blobs/<sha256>, refs/main,
+    snapshots/<commit>/<file> -> blob}``.  Returns the snapshot folder."""
+    import hashlib
+    import os
+
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snap = root / "snapshots" / HUB_COMMIT
+    (root / "blobs").mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(HUB_COMMIT)
+    for f in Path(src).iterdir():
+        data = f.read_bytes()
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    return snap
+
+
+def offline_hub_cache(tmp_path: Path, monkeypatch) -> Path:
+    """An empty HF hub cache in ``tmp_path``, offline.  huggingface_hub reads its settings at
+    import, so its constants are set as the environment says."""
+    import huggingface_hub.constants as constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return cache

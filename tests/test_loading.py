@@ -3,7 +3,6 @@ HF cache, offline mode), one clear error per bad model, and passed model objects
 they are.  Nothing here reaches the network: every test runs with ``HF_HUB_OFFLINE=1``
 (``conftest.py``, and the ``hub_cache`` fixture for the cache it builds)."""
 
-import hashlib
 import json
 import os
 import subprocess
@@ -13,47 +12,25 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import TINY_VOCAB, save_tiny, tiny_model, tiny_tokenizer
+from helpers import HUB_COMMIT, TINY_VOCAB, offline_hub_cache, put_in_hub_cache, save_tiny, tiny_model, tiny_tokenizer
 from lightspec_core.cli import cli, main
 from lightspec_core.errors import LightSpecError
 from lightspec_core.loading import check_causal_lm, has_cpu_kernels
 from lightspec_core.pipeline import MTPPipeline
 
 PROMPT = "the cat the cat the cat one two"
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def cache_repo(cache: Path, repo: str, arch: str = "llama", seed: int = 0) -> Path:
-    """Put a tiny model into ``cache`` the way ``hf download`` lays it out:
-    ``models--org--name/{blobs/<sha256>, refs/main, snapshots/<commit>/<file> -> blob}``."""
+    """Put a tiny model into ``cache`` as ``hf download`` lays it out; returns its source folder."""
     src = save_tiny(cache.parent / f"src-{repo.replace('/', '--')}", arch=arch, seed=seed)
-    root = cache / f"models--{repo.replace('/', '--')}"
-    snap = root / "snapshots" / COMMIT
-    (root / "blobs").mkdir(parents=True)
-    snap.mkdir(parents=True)
-    (root / "refs").mkdir()
-    (root / "refs" / "main").write_text(COMMIT)
-    for f in src.iterdir():
-        data = f.read_bytes()
-        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    put_in_hub_cache(cache, repo, src)
     return src
 
 
 @pytest.fixture
 def hub_cache(tmp_path, monkeypatch):
-    """An empty HF hub cache in ``tmp_path``, offline.  huggingface_hub reads its
-    settings at import, so its constants are set as the environment says."""
-    import huggingface_hub.constants as constants
-
-    cache = tmp_path / "hub"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    return cache
+    return offline_hub_cache(tmp_path, monkeypatch)
 
 
 def greedy(pipe, n=6):
@@ -130,6 +107,39 @@ def test_progress_names_the_model_and_shows_transformers_bars_only_when_asked(hu
     assert "loading org/name from the Hugging Face cache" in shown and "Loading weights" in shown
     MTPPipeline.from_pretrained("org/name", strategy="none")
     assert capfd.readouterr().err == ""
+
+
+def test_model_folder_gives_a_folder_as_it_is_and_a_hub_id_as_its_cached_snapshot(hub_cache, tmp_path):
+    """``lightspec_core.model_folder``, what drafters that read their own files (heads) use."""
+    from lightspec_core import model_folder
+
+    src = cache_repo(hub_cache, "org/head")
+    assert model_folder(src) == src and model_folder(str(src)) == src
+    snap = model_folder("org/head", what="EAGLE-3 head")
+    assert snap.parent.parent.name == "models--org--head" and (snap / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    assert model_folder(f"org/head@{HUB_COMMIT}") == snap
+
+
+@pytest.mark.parametrize("name, pattern", [
+    ("org/missing", "EAGLE-3 head 'org/missing' is not .fully. in the Hugging Face cache .* HF_HUB_OFFLINE=1: run `hf download org/missing`"),
+    ("no/such/path", "EAGLE-3 head 'no/such/path' not found: no such folder, and not a hub id .org/name."),
+    ("nothing", "EAGLE-3 head 'nothing' not found: no such folder, and not a hub id"),
+    ("", "EAGLE-3 head '' is invalid: give a folder or a hub id"),
+])
+def test_model_folder_refuses_what_is_neither_in_one_line(hub_cache, name, pattern):
+    from lightspec_core import model_folder
+
+    with pytest.raises(LightSpecError, match=pattern) as err:
+        model_folder(name, what="EAGLE-3 head")
+    assert "\n" not in str(err.value)
+
+
+def test_model_folder_refuses_a_file(tmp_path):
+    from lightspec_core import model_folder
+
+    (tmp_path / "head.safetensors").write_bytes(b"x")
+    with pytest.raises(LightSpecError, match="head.safetensors' is a file: give the folder that holds its config.json"):
+        model_folder(tmp_path / "head.safetensors", what="head")
 
 
 # -- 2. one clear line per model that cannot be loaded ------------------------------------

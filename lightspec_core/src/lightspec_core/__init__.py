@@ -43,6 +43,8 @@ _LAZY = {
     "row_uniforms": "sampling",
     "get_registry": "plugins",
     "context_length": "limits",
+    # a checkpoint's folder from a local path or a hub id (drafters that read their own files)
+    "model_folder": "hub",
 }
 
 __all__ = ["hookimpl", "LightSpecError", "InvalidValueError", "InvalidTypeError", "ConfigError", "PluginError", *_LAZY]
