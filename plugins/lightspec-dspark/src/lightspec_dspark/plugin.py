@@ -7,7 +7,7 @@ from __future__ import annotations
 from lightspec_core import hookimpl
 
 DRAFT_PARAMS = {
-    "checkpoint": "a DSpark/DFlash checkpoint folder (default: --draft-model, else the zoo head for the zoo target)",
+    "checkpoint": "a DSpark/DFlash checkpoint: a folder or a hub id (default: --draft-model, else the zoo head for the zoo target)",
     "max_draft": "most tokens per block (default: the checkpoint's block_size)",
 }
 

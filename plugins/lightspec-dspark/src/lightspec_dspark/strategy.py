@@ -20,7 +20,16 @@ from pathlib import Path
 
 import torch
 
-from lightspec_core import DraftProposal, InvalidValueError, SparseProbs, exponential_noise, hookimpl, warped_probs
+from lightspec_core import (
+    DraftProposal,
+    InvalidValueError,
+    LightSpecError,
+    SparseProbs,
+    exponential_noise,
+    hookimpl,
+    model_folder,
+    warped_probs,
+)
 
 from .checkpoint import load_drafter
 from .config import CheckpointError, read_config
@@ -48,14 +57,16 @@ def zoo_head_for(target) -> Path | None:
     return None
 
 
-def _is_block_drafter(folder: Path) -> bool:
-    """Whether ``folder``'s config.json is a DSpark/DFlash drafter's (``block_size``, at the top
-    or under SpecForge's ``dflash_config``), not e.g. a plain draft LM passed for other strategies."""
+def _is_block_drafter(name) -> bool:
+    """Whether ``name`` (a folder or a hub id; only a hub id's config.json is fetched) is a
+    DSpark/DFlash drafter's (``block_size``, at the top or under SpecForge's ``dflash_config``),
+    not e.g. a plain draft LM passed for other strategies."""
     import json
 
     try:
+        folder = model_folder(name, what="DSpark/DFlash checkpoint", allow_patterns=("config.json",))
         raw = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, LightSpecError):
         return False
     return isinstance(raw, dict) and ("block_size" in raw or "block_size" in (raw.get("dflash_config") or {}))
 
@@ -114,15 +125,19 @@ class DSparkStrategy:
         folder, else the zoo's head when the target is the zoo target."""
         path = self.checkpoint
         dm = env.draft_model
-        given = isinstance(dm, (str, Path)) and (Path(dm) / "config.json").is_file()
-        if path is None and given and _is_block_drafter(Path(dm)):
-            path = dm
+        progress = getattr(env, "progress", False)
+        if path is not None:
+            path = model_folder(path, what="DSpark/DFlash checkpoint", progress=progress)
+        given = isinstance(dm, (str, Path)) and bool(str(dm))
+        if path is None and given and _is_block_drafter(dm):
+            path = model_folder(dm, what="DSpark/DFlash checkpoint", progress=progress)
         if path is None:
             path = zoo_head_for(env.target)
         if path is None:
             told = f" (--draft-model {str(dm)!r} is no DSpark/DFlash folder: its config has no block_size)" if given else ""
             raise InvalidValueError(f"strategy {self.name!r} needs a DSpark/DFlash checkpoint: pass checkpoint=PATH "
-                                    f"(--strategy {self.name}:checkpoint=PATH, or --draft-model PATH); only the zoo target has a default head{told}")
+                                    f"(--strategy {self.name}:checkpoint=PATH, or --draft-model PATH; a folder or a hub id); "
+                                    f"only the zoo target has a default head{told}")
         cfg, _ = read_config(path)
         if self.require == "dflash" and cfg.kind != "dflash":
             raise CheckpointError(f"{path}: markov_rank={cfg.markov_rank} is a DSpark checkpoint; use strategy 'dspark' "

@@ -47,6 +47,26 @@ def _read_state(folder: Path) -> dict[str, torch.Tensor]:
     raise ConfigError(f"{folder}: no weights (looked for {WEIGHTS}, model.safetensors.index.json, pytorch_model.bin)")
 
 
+def tensor_names(folder: Path) -> list[str]:
+    """The tensor names of the head in ``folder`` (any container ``_read_state`` reads), without
+    loading the tensors where the container allows it."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    single, index, legacy = folder / WEIGHTS, folder / "model.safetensors.index.json", folder / "pytorch_model.bin"
+    if single.is_file():
+        with safe_open(str(single), "pt") as f:
+            return list(f.keys())
+    if index.is_file():
+        return list(json.loads(index.read_text())["weight_map"])
+    if legacy.is_file():
+        try:
+            return list(torch.load(legacy, map_location="cpu", weights_only=True, mmap=True))
+        except RuntimeError:  # a pre-zipfile pickle cannot be mapped
+            return list(torch.load(legacy, map_location="cpu", weights_only=True))
+    return []
+
+
 def normalize_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Public tensor names → this module's: ``model.`` prefixes dropped, ``midlayer.`` → ``layers.0.``."""
     out = {}

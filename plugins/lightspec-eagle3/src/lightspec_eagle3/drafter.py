@@ -26,10 +26,11 @@ from lightspec_core import (
     SparseProbs,
     exponential_noise,
     hookimpl,
+    model_folder,
     warped_probs,
 )
 
-from .checkpoint import load_head
+from .checkpoint import load_head, tensor_names
 from .config import read_config
 from .modeling import Eagle3Head
 from .packed import packed_head_for
@@ -79,16 +80,16 @@ class _Out:
         self.hidden = hidden
 
 
-def _is_head(path) -> bool:
-    """Whether ``path`` is an EAGLE-3 head folder (a one-layer Llama config alone is not enough:
-    its weights must hold ``fc``)."""
+def _is_head(name) -> bool:
+    """Whether ``name`` (a folder or a hub id) is an EAGLE-3 head: its config reads as a head's
+    and its weights hold ``fc`` (a one-layer Llama config alone is not enough).  A hub id's
+    config is fetched first and the rest only when the config is a head's, so a plain draft
+    LM named by ``--draft-model`` is never downloaded here."""
     try:
-        read_config(Path(path))
-        from safetensors import safe_open
-
-        with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
-            return any(k.endswith("fc.weight") for k in f.keys())
-    except Exception:  # noqa: BLE001 - an unreadable folder is simply not a head
+        read_config(model_folder(name, what="EAGLE-3 head", allow_patterns=("config.json",)))
+        folder = model_folder(name, what="EAGLE-3 head")
+        return any(k.endswith("fc.weight") for k in tensor_names(folder))
+    except Exception:  # noqa: BLE001 - an unreadable folder or id is simply not a head
         return False
 
 
@@ -131,8 +132,8 @@ class Eagle3Drafter:
     # -- lifecycle ----------------------------------------------------------------------------
 
     def setup(self, env) -> None:
-        """Load the head (``head``; 'auto': ``--draft-model`` when it is an EAGLE-3 head folder,
-        else the zoo's head for the zoo target) and ask for its taps."""
+        """Load the head (``head``, a folder or a hub id; 'auto': ``--draft-model`` when it is an
+        EAGLE-3 head, else the zoo's head for the zoo target) and ask for its taps."""
         if self.head is None:
             path = self.head_spec
             if path == "auto":
@@ -145,9 +146,7 @@ class Eagle3Drafter:
                     raise LightSpecError("strategy 'eagle3' needs an EAGLE-3 head: pass head=PATH (--strategy eagle3:head=PATH, "
                                          "YAML or strategy options) or --draft-model PATH to a head folder; "
                                          "train one with `lightspec eagle3 train`")
-            if not Path(path).is_dir():
-                raise LightSpecError(f"head={str(path)!r}: no such folder (an EAGLE-3 head folder with config.json)")
-            self.head = load_head(path, env.target)
+            self.head = load_head(model_folder(path, what="EAGLE-3 head", progress=getattr(env, "progress", False)), env.target)
         self._bind(env.target)
 
     def _bind(self, target) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from lightspec_core import hookimpl
 
 PARAMS = {
-    "head": "EAGLE-3 head folder (public format); 'auto' (default): --draft-model when it is an EAGLE-3 head, "
+    "head": "EAGLE-3 head (public format): a folder or a hub id; 'auto' (default): --draft-model when it is an EAGLE-3 head, "
             "else the zoo's head for the zoo target",
     "max_draft": "most tokens per draft (8)",
     "top_k_probs": "sampling: report the draft distribution as its top-k (0, default: the whole draft vocabulary)",

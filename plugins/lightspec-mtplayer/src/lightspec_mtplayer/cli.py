@@ -19,7 +19,7 @@ def mtplayer():
 
 
 @mtplayer.command("train")
-@click.option("--target", "target", default=None, help="Target model folder (default: the lightspec-zoo target).")
+@click.option("--target", "target", default=None, help="Target model: a folder or hub id (default: the lightspec-zoo target).")
 @click.option("--kind", type=click.Choice(["mtp", "medusa"]), default="mtp", show_default=True,
               help="mtp: DeepSeek-style MTP modules; medusa: parallel Medusa heads.")
 @click.option("--out", required=True, help="Output folder: the head (public format), training_log.json, checkpoint.pt.")

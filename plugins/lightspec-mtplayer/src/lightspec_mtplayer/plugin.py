@@ -10,7 +10,7 @@ from lightspec_core import hookimpl
 
 # kept here, not in strategy.py, so that loading the plugin (``lightspec --help``) does not import torch
 PARAMS = {
-    "head": "'auto' (the target's own MTP modules, else the zoo's heads for the zoo target) or a folder of "
+    "head": "'auto' (the target's own MTP modules, else the zoo's heads for the zoo target) or a folder or hub id of "
             "MTP modules or Medusa heads",
     "max_draft": "most tokens per draft (4; Medusa: at most its number of heads)",
 }

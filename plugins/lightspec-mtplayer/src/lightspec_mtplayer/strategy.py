@@ -3,9 +3,10 @@
 ``head``:
 
 * ``"auto"`` (default): the target's own MTP modules when its checkpoint's ``config.json``
-  has ``num_nextn_predict_layers``; else, for lightspec-zoo's target, the heads shipped in
+  has ``num_nextn_predict_layers`` (its local folder, or its hub id's snapshot in the Hugging
+  Face cache); else, for lightspec-zoo's target, the heads shipped in
   the zoo (``lightspec_zoo/models/mtp``); else an error that asks for ``head=PATH``;
-* a folder: MTP modules (``num_nextn_predict_layers`` in its config; the target's own
+* a folder or a hub id: MTP modules (``num_nextn_predict_layers`` in its config; the target's own
   checkpoint or a module folder from ``lightspec mtplayer train``) or Medusa heads.
 
 After ``setup`` the strategy is ``kind`` ``"mtp"`` (chain) or ``"medusa"`` (chain, and the
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from lightspec_core import LightSpecError, hookimpl, num_layers
+from lightspec_core import LightSpecError, hookimpl, model_folder, num_layers
 
 from .drafter import MedusaDraft, MTPChain
 from .formats import HeadFitError, load_head, mtp_layer_count, read_config
@@ -27,8 +28,16 @@ from .plugin import PARAMS  # noqa: F401  (re-exported: the strategy's parameter
 
 
 def target_folder(target) -> Path | None:
+    """The folder the target was loaded from: a local folder, or its hub id's snapshot in the
+    Hugging Face cache (never downloaded here: transformers fetched its weights); None for a
+    model built in memory."""
     name = getattr(target, "name_or_path", "") or getattr(target.config, "_name_or_path", "")
-    return Path(name) if name and Path(name).is_dir() else None
+    if not name:
+        return None
+    try:
+        return model_folder(name, what="target", download=False)
+    except LightSpecError:
+        return None
 
 
 def zoo_head_for(folder: Path | None) -> Path | None:
@@ -49,13 +58,10 @@ def zoo_head_for(folder: Path | None) -> Path | None:
     return None
 
 
-def resolve_head(target, head: str) -> Path:
+def resolve_head(target, head: str, progress: bool = False) -> Path:
     folder = target_folder(target)
     if head != "auto":
-        path = Path(head)
-        if not path.is_dir():
-            raise LightSpecError(f"head={head!r}: no such folder (use 'auto' or a folder of MTP modules or Medusa heads)")
-        return path
+        return model_folder(head, what="MTP/Medusa head", progress=progress)
     if folder is not None and (folder / "config.json").is_file() and mtp_layer_count(read_config(folder)):
         return folder
     zoo = zoo_head_for(folder)
@@ -84,7 +90,7 @@ class MTPStrategy:
 
     def setup(self, env) -> None:
         """Find and load the head (``HeadFitError`` when it does not fit the target)."""
-        self.head_path = resolve_head(env.target, self.head)
+        self.head_path = resolve_head(env.target, self.head, getattr(env, "progress", False))
         try:
             kind, module = load_head(env.target, self.head_path)
         except HeadFitError as exc:
