@@ -140,8 +140,10 @@ def medusa_tensors(H: int, V: int, heads: int, layers: int, seed: int = 2, own_h
     return blocks, lm
 
 
-def save_medusa_legacy(folder, blocks, lm, H: int, V: int, prefix: str = "") -> Path:
-    """FasterDecoding's ``medusa_lm_head.pt``: ``{i}.{j}.linear.weight/bias``, ``{i}.{L}.weight``."""
+def save_medusa_legacy(folder, blocks, lm, H: int, V: int, prefix: str = "", container: str = "pt") -> Path:
+    """FasterDecoding's ``medusa_lm_head.pt`` (``container="safetensors"``: the
+    ``medusa_lm_head.safetensors`` its training script and TGI write): ``{i}.{j}.linear.weight/bias``,
+    ``{i}.{L}.weight``."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     state = {}
@@ -149,7 +151,10 @@ def save_medusa_legacy(folder, blocks, lm, H: int, V: int, prefix: str = "") -> 
         for j, (w, b) in enumerate(head):
             state[f"{prefix}{i}.{j}.linear.weight"], state[f"{prefix}{i}.{j}.linear.bias"] = w, b
         state[f"{prefix}{i}.{len(head)}.weight"] = lm[i]
-    torch.save(state, str(folder / "medusa_lm_head.pt"))
+    if container == "safetensors":
+        save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "medusa_lm_head.safetensors"))
+    else:
+        torch.save(state, str(folder / "medusa_lm_head.pt"))
     cfg = {"medusa_num_heads": len(blocks), "medusa_num_layers": len(blocks[0]), "base_model_name_or_path": "tiny"}
     (folder / "config.json").write_text(json.dumps(cfg))
     return folder

@@ -55,11 +55,14 @@ def test_mimo_layout_computes_what_the_deepseek_layout_does(tmp_path):
 
 
 def test_legacy_and_vllm_medusa_layouts_give_the_same_heads(tmp_path):
+    """FasterDecoding's ``medusa_lm_head.pt`` (plain and behind ``medusa_head.``), its
+    ``medusa_lm_head.safetensors`` (its training script, TGI) and vLLM's naming."""
     target = build_target("llama")
     blocks, lm = medusa_tensors(32, VOCAB, heads=3, layers=2)
     a = load_medusa(target, save_medusa_legacy(tmp_path / "legacy", blocks, lm, 32, VOCAB))
     b = load_medusa(target, save_medusa_vllm(tmp_path / "vllm", blocks, lm, 32, VOCAB))
     c = load_medusa(target, save_medusa_legacy(tmp_path / "prefixed", blocks, lm, 32, VOCAB, prefix="medusa_head."))
+    d = load_medusa(target, save_medusa_legacy(tmp_path / "st", blocks, lm, 32, VOCAB, container="safetensors"))
     h = torch.randn(5, 32)
     with torch.no_grad():
         ref = []
@@ -69,7 +72,7 @@ def test_legacy_and_vllm_medusa_layouts_give_the_same_heads(tmp_path):
                 x = x + torch.nn.functional.silu(x @ w.T + bias)
             ref.append(x @ lm[i].T)
         ref = torch.stack(ref, dim=-2)
-        for heads in (a, b, c):
+        for heads in (a, b, c, d):
             torch.testing.assert_close(heads(h), ref, rtol=1e-5, atol=1e-5)
 
 

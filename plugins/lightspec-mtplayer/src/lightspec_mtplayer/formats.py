@@ -16,8 +16,8 @@ Weights come from ``model.safetensors`` or the shards named by ``model.safetenso
 
 Medusa heads (kind b): ``config.json`` with ``medusa_num_heads`` / ``medusa_num_layers`` (or
 vLLM's ``num_heads`` / ``num_hidden_layers``), weights either in FasterDecoding's legacy
-``medusa_lm_head.pt`` (``{i}.{j}.linear.weight/bias`` for block j of head i, ``{i}.{L}.weight``
-the head) or vLLM's naming in safetensors (``blocks.{i}.layers.{j}.weight/bias``,
+``medusa_lm_head.pt`` or ``medusa_lm_head.safetensors`` (as its training script and TGI save
+them; ``{i}.{j}.linear.weight/bias`` for block j of head i, ``{i}.{L}.weight`` the head) or vLLM's naming in safetensors (``blocks.{i}.layers.{j}.weight/bias``,
 ``lm_heads.{i}.weight``).  LightSpec's extension: ``"lightspec_shared_lm_head": true`` says the
 heads have no ``[V, H]`` matrix of their own and use the target's lm_head.
 """
@@ -201,15 +201,20 @@ def is_medusa(config: dict) -> bool:
 
 
 def _medusa_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    legacy = folder / "medusa_lm_head.pt"
+    legacy, legacy_st = folder / "medusa_lm_head.pt", folder / "medusa_lm_head.safetensors"
     if legacy.is_file():
         state = torch.load(str(legacy), map_location="cpu", weights_only=True)
+    elif legacy_st.is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(legacy_st))
     elif (folder / "model.safetensors").is_file() or (folder / "model.safetensors.index.json").is_file():
         state = read_tensors(folder, lambda name: True)
     elif (folder / "pytorch_model.bin").is_file():
         state = torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
     else:
-        raise HeadFitError(f"{folder}: no medusa_lm_head.pt, model.safetensors or pytorch_model.bin")
+        raise HeadFitError(f"{folder}: no medusa_lm_head.pt, medusa_lm_head.safetensors, model.safetensors or "
+                           "pytorch_model.bin")
     out = {}
     for name, value in state.items():
         for prefix in ("medusa_head.", "medusa_heads."):
