@@ -230,7 +230,12 @@ class TargetRunner:
 @torch.inference_mode()
 def _tree_probe(model: torch.nn.Module, device: torch.device) -> bool:
     """A tree ``[root, a, b]`` (a and b both children of the root) after a short prefix: are
-    b's logits those of the chain ``[root, b]``?  Any error means no."""
+    b's logits those of the chain ``[root, b]``?  Any error means no.
+
+    In float32 they must agree to 1e-3.  In 16-bit dtypes the two forwards round differently
+    (on the CPU in bfloat16 they differ by ~1e-2 on tiny models), so there b's logits must be
+    within 3e-2 of the chain ``[root, b]`` and at least four times closer to it than to the
+    chain ``[root, a, b]``, which is what a forward that ignores the tree mask computes."""
     vocab = model.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     prefix, (root, a, b) = torch.randint(0, vocab, (1, 5), generator=g), torch.randint(0, vocab, (3,), generator=g).tolist()
@@ -241,6 +246,14 @@ def _tree_probe(model: torch.nn.Module, device: torch.device) -> bool:
         tree_out = tree_kv.forward(torch.tensor([[root, a, b]], device=device),
                                    tree=torch.tensor([[-1, 0, 0]], device=device)).logits
         chain_out = chain_kv.forward(torch.tensor([[root, b]], device=device)).logits
+        got, want = tree_out[0, 2].float(), chain_out[0, 1].float()
+        if tree_out.dtype == torch.float32:
+            return bool(torch.allclose(got, want, atol=1e-3, rtol=1e-3))
+        unmasked_kv = KVCache(model, 1, device, capacity=16)
+        unmasked_kv.forward(prefix.to(device))
+        unmasked = unmasked_kv.forward(torch.tensor([[root, a, b]], device=device)).logits[0, 2].float()
     except Exception:  # noqa: BLE001 - any failure of the probe means "no trees here"
         return False
-    return bool(torch.allclose(tree_out[0, 2].float(), chain_out[0, 1].float(), atol=1e-3, rtol=1e-3))
+    scale = want.abs().max().clamp_min(1.0)
+    off = float((got - want).abs().max() / scale)
+    return off <= 3e-2 and 4 * off < float((got - unmasked).abs().max() / scale)
