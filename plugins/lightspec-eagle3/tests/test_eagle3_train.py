@@ -132,3 +132,28 @@ def test_shrink_vocab_command(target_dir, tmp_path, capsys):
     assert rc == 2 and "Traceback" not in err
     assert [line for line in err.splitlines() if line.startswith("error:")] == [
         "error: --draft-vocab 96 is invalid: use 1..95 (fewer tokens than the head's draft vocabulary of 96)"]
+
+
+@pytest.mark.parametrize("arch, width", [("gpt2", 4 * 64), ("opt", 128)])
+def test_a_head_trains_for_targets_that_name_their_mlp_width_otherwise(tmp_path, arch, width):
+    """GPT-2 leaves its MLP width implicit (``n_inner`` None: 4 H) and OPT calls it ``ffn_dim``;
+    the trainer read ``intermediate_size`` and failed with an AttributeError on both."""
+    from helpers import WORDS, hf_reference, save_tiny
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lightspec_core import MTPPipeline
+
+    folder = save_tiny(tmp_path / arch, arch=arch)
+    text = tmp_path / "text.txt"
+    rng = np.random.default_rng(0)
+    text.write_text(" ".join(WORDS[int(i)] for i in rng.integers(0, 40, 3000)))
+    train(TrainArgs(target=str(folder), data=[str(text)], out=str(tmp_path / "head"), seq_len=24, batch=2, ttt_steps=2,
+                    max_steps=3), progress=False)
+    assert json.loads((tmp_path / "head" / "config.json").read_text())["intermediate_size"] == width
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    pipe = MTPPipeline(model, tok, strategy="eagle3", head=str(tmp_path / "head"), budget={"type": "static", "k": 3})
+    prompts = ["the cat the cat one two three", "def x ( ) : return x"]
+    outs = pipe.generate(prompts, max_new_tokens=10, ignore_eos=True)
+    assert [o.token_ids for o in outs] == [hf_reference(model, tok, p, 10) for p in prompts]
+    assert sum(o.stats.drafted for o in outs) > 0

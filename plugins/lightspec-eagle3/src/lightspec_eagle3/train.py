@@ -78,6 +78,16 @@ class TrainArgs:
             raise InvalidValueError(f"--device={self.device!r} is invalid: use cpu, cuda or cuda:N")
 
 
+def _target_mlp_width(c) -> int:
+    """The target's MLP width under the names families give it (Llama-style ``intermediate_size``,
+    GPT-2's ``n_inner``, OPT's ``ffn_dim``); 4 H where the config leaves it implicit."""
+    for name in ("intermediate_size", "n_inner", "ffn_dim"):
+        value = getattr(c, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 4 * c.hidden_size
+
+
 def head_config(target, args: TrainArgs) -> HeadConfig:
     """The new head's config: the target's geometry unless the arguments shrink it."""
     c = target.config
@@ -87,7 +97,7 @@ def head_config(target, args: TrainArgs) -> HeadConfig:
     L = c.num_hidden_layers
     return HeadConfig(
         hidden_size=H,
-        intermediate_size=args.intermediate_size or c.intermediate_size,
+        intermediate_size=args.intermediate_size or _target_mlp_width(c),
         num_attention_heads=heads,
         num_key_value_heads=args.kv_heads or (getattr(c, "num_key_value_heads", heads) if not args.heads else heads),
         head_dim=args.head_dim or getattr(c, "head_dim", None) or H // heads,
