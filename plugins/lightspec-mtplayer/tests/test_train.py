@@ -111,3 +111,34 @@ def test_bad_data_is_one_clear_error(setup, tmp_path, capsys):
     line = _error(capsys, ["mtplayer", "train", "--target", str(setup / "target"), "--out", str(tmp_path),
                            "--data", str(setup / "train.bin"), "--heads", "0", "--kind", "medusa"])
     assert "heads=0 is invalid: use an integer >= 1" in line
+
+
+def test_mtp_modules_train_for_gpt_neox_and_are_refused_where_blocks_cannot_make_them(tmp_path, capsys):
+    """GPT-NeoX blocks take their cache as ``layer_past`` and keep their attention under
+    ``attention``: MTP modules train and draft losslessly there.  GPT-2 and OPT have no rotary
+    positions and no ``input_layernorm``: one error line that names Medusa heads, where
+    training used to stop with an AttributeError."""
+    from helpers import hf_reference, save_tiny
+    from transformers import AutoModelForCausalLM
+
+    rng = np.random.default_rng(0)
+    rng.integers(4, 96, size=3000).astype(np.uint16).tofile(tmp_path / "train.bin")
+    common = ["--kind", "mtp", "--data", str(tmp_path / "train.bin"), "--seq-len", "24", "--batch", "2",
+              "--max-steps", "2", "--threads", "1", "--save-dtype", "float32"]
+    neox = save_tiny(tmp_path / "neox", arch="gpt_neox")
+    res = CliRunner().invoke(cli, ["mtplayer", "train", "--target", str(neox), "--out", str(tmp_path / "m"), *common])
+    assert res.exit_code == 0, res.output
+    model = AutoModelForCausalLM.from_pretrained(neox, dtype=torch.float32).eval()
+    tok = tiny_tokenizer()
+    pipe = MTPPipeline(model, tok, strategy="mtp", head=str(tmp_path / "m"), budget={"type": "static", "k": 3})
+    prompts = [[5, 9, 13, 5, 9], [20, 21, 22, 23]]
+    outs = pipe.generate(prompts, max_new_tokens=10, ignore_eos=True)
+    assert [o.token_ids for o in outs] == [hf_reference(model, tok, p, 10) for p in prompts]
+    assert sum(o.stats.drafted for o in outs) > 0
+    for arch in ("gpt2", "opt"):
+        folder = save_tiny(tmp_path / arch, arch=arch)
+        capsys.readouterr()
+        assert main(["mtplayer", "train", "--target", str(folder), "--out", str(tmp_path / f"x-{arch}"), *common]) == 2
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+        assert len(err) == 1 and "MTP modules need a target with rotary positions" in err[0], err
+        assert "--kind medusa" in err[0] and "Traceback" not in err[0]

@@ -21,7 +21,7 @@ import inspect
 import torch
 from torch import nn
 
-from lightspec_core import decoder_layers
+from lightspec_core import InvalidTypeError, LightSpecError, decoder_layers
 
 
 def rotary_of(target: nn.Module) -> nn.Module:
@@ -39,17 +39,43 @@ def block_config(target: nn.Module):
     return cfg
 
 
+# what decoder blocks call their KV cache: transformers 5.25; 5.17 and earlier 5.x; 4.x; GPT-NeoX
+CACHE_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past")
+
+
 def cache_argument(block: nn.Module) -> str:
     """The name under which ``block.forward`` takes its KV cache: ``cache`` (transformers
-    5.25), ``past_key_values`` (5.17 and earlier 5.x releases) or ``past_key_value`` (4.x).  A cache passed
+    5.25), ``past_key_values`` (5.17 and earlier 5.x releases), ``past_key_value`` (4.x) or
+    ``layer_past`` (GPT-NeoX).  A cache passed
     under another name lands in ``**kwargs`` and is silently ignored (the block then attends
     to the new tokens only), so an unknown signature is refused here."""
     params = inspect.signature(block.forward).parameters
-    for name in ("cache", "past_key_values", "past_key_value"):
+    for name in CACHE_ARGUMENTS:
         if name in params:
             return name
-    raise TypeError(f"{type(block).__name__}.forward takes no KV cache argument (cache, past_key_values or "
-                    f"past_key_value); its parameters: {', '.join(params)}")
+    raise InvalidTypeError(f"{type(block).__name__}.forward takes no KV cache argument ({', '.join(CACHE_ARGUMENTS)}); "
+                         f"its parameters: {', '.join(params)}")
+
+
+def check_mtp_target(target: nn.Module) -> None:
+    """Refuse, with one ``LightSpecError`` naming what is missing, a target whose decoder blocks
+    cannot make an MTP module: one needs rotary position embeddings (the block is fed no other
+    positions), a norm before attention (``input_layernorm``, the family's norm class) and a
+    KV-cache argument.  GPT-2 and OPT blocks have neither of the first two; Medusa heads
+    (``--kind medusa``) need none of them."""
+    block = decoder_layers(target)[1][0]
+    missing = []
+    if not any(type(m).__name__.endswith("RotaryEmbedding") for m in target.modules()):
+        missing.append("no rotary position embeddings")
+    if not isinstance(getattr(block, "input_layernorm", None), nn.Module):
+        missing.append(f"{type(block).__name__} has no input_layernorm")
+    params = inspect.signature(block.forward).parameters
+    if not any(name in params for name in CACHE_ARGUMENTS):
+        missing.append(f"{type(block).__name__}.forward takes no KV cache ({', '.join(CACHE_ARGUMENTS)})")
+    if missing:
+        raise LightSpecError(f"MTP modules need a target with rotary positions and Llama-style decoder blocks; "
+                             f"{type(target).__name__} has {'; '.join(missing)}: use Medusa heads for it "
+                             "(lightspec mtplayer train --kind medusa)")
 
 
 class _SharedHead(nn.Module):
@@ -69,14 +95,15 @@ class MTPLayer(nn.Module):
 
     def __init__(self, target: nn.Module, index: int, own_head: bool):
         super().__init__()
+        check_mtp_target(target)
         cfg = block_config(target)
         H = cfg.hidden_size
         block_cls = type(decoder_layers(target)[1][0])
         # built as the target's last block (configs with per-layer types list only the target's layers)
         block = block_cls(cfg, layer_idx=min(index, cfg.num_hidden_layers - 1))
-        attn = getattr(block, "self_attn", None)
-        if attn is not None and hasattr(attn, "layer_idx"):
-            attn.layer_idx = 0
+        for module in block.modules():  # self_attn (Llama family), attention (GPT-NeoX)
+            if isinstance(getattr(module, "layer_idx", None), int):
+                module.layer_idx = 0
         # the family's own norm class, from the fresh block (the target's may carry LightSpec's CPU kernels)
         norm_cls = type(block.input_layernorm)
         eps = getattr(cfg, "rms_norm_eps", 1e-6)
