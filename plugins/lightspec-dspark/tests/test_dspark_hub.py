@@ -48,3 +48,25 @@ def test_a_draft_model_id_that_is_no_block_drafter_is_named(hub, tmp_path):
     put_in_hub_cache(hub, "org/plain-lm", cfg)
     with pytest.raises(LightSpecError, match="--draft-model 'org/plain-lm' is no DSpark/DFlash folder"):
         MTPPipeline(target, ToyTok(), strategy="dspark", draft_model="org/plain-lm")
+
+
+def test_shrink_vocab_command_takes_a_hub_id(hub, tmp_path):
+    """``lightspec dspark shrink-vocab --drafter org/name``: the checkpoint read from the cache,
+    the restricted one written in the public layout and loadable against its target."""
+    import json
+
+    import numpy as np
+    from click.testing import CliRunner
+    from lightspec_core.cli import cli
+
+    target = tiny_target("qwen3")
+    target.save_pretrained(tmp_path / "target")
+    put_in_hub_cache(hub, "org/block-drafter", write_checkpoint(tmp_path / "src", target))
+    np.random.default_rng(0).integers(3, 40, 2000).astype(np.uint16).tofile(tmp_path / "tokens.bin")
+    r = CliRunner().invoke(cli, ["dspark", "shrink-vocab", "--drafter", "org/block-drafter", "--target",
+                                 str(tmp_path / "target"), "--data", str(tmp_path / "tokens.bin"), "--draft-vocab", "24",
+                                 "--out", str(tmp_path / "small"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output[r.output.index("{"):])["draft_vocab_size"] == 24
+    out, drafted = run(target, strategy="dspark", checkpoint=str(tmp_path / "small"))
+    assert out == run(target, strategy="none")[0] and drafted > 0

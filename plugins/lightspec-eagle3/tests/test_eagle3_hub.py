@@ -68,3 +68,21 @@ def test_an_uncached_draft_model_id_is_not_taken_for_a_head(hub):
     that is not a head (here: not even cached) leaves ``auto`` to its other choices."""
     with pytest.raises(LightSpecError, match="needs an EAGLE-3 head"):
         MTPPipeline(tiny_target(), ToyTokenizer(96), strategy="eagle3", draft_model="org/plain-lm")
+
+
+def test_shrink_vocab_takes_a_hub_id(hub, tmp_path):
+    import numpy as np
+    from click.testing import CliRunner
+    from lightspec_core.cli import cli
+    from test_eagle3_drafter import _save_tokenizer
+
+    target = tiny_target()
+    folder = tmp_path / "target"
+    target.save_pretrained(folder)
+    _save_tokenizer(folder)
+    put_in_hub_cache(hub, "org/eagle3-full", write_layout(tmp_path / "src", random_head(target, "full_vocab"), "full_vocab"))
+    np.random.default_rng(0).integers(3, 40, 2000).astype(np.uint16).tofile(tmp_path / "tokens.bin")
+    r = CliRunner().invoke(cli, ["eagle3", "shrink-vocab", "--head", "org/eagle3-full", "--target", str(folder), "--data",
+                                 str(tmp_path / "tokens.bin"), "--draft-vocab", "20", "--out", str(tmp_path / "small"), "--json"])
+    assert r.exit_code == 0, r.output
+    assert '"draft_vocab_size": 20' in r.output

@@ -97,7 +97,7 @@ def train_cmd(target, out, data, exclude_list, taps, threads, as_json, **opts):
 
 
 @dspark.command("shrink-vocab")
-@click.option("--drafter", "folder", required=True, help="The DSpark / DFlash checkpoint folder to restrict.")
+@click.option("--drafter", "folder", required=True, help="The DSpark / DFlash checkpoint to restrict: a folder or hub id.")
 @click.option("--target", required=True, help="The drafter's target: a folder or hub id ('zoo' = the zoo target).")
 @click.option("--data", multiple=True, required=True,
               help="Token files (.bin uint16, .npy) or text files whose token frequencies choose the kept tokens; "
@@ -116,7 +116,7 @@ def shrink_cmd(folder, target, data, draft_vocab, out, max_tokens, as_json):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lightspec_core import InvalidValueError
+    from lightspec_core import InvalidValueError, model_folder
 
     from .shrink import shrink_vocab
 
@@ -141,7 +141,8 @@ def shrink_cmd(folder, target, data, draft_vocab, out, max_tokens, as_json):
     tokens = np.concatenate(parts)
     if max_tokens:
         tokens = tokens[:max_tokens]
-    summary = shrink_vocab(folder, model, tokens, draft_vocab, out)
+    summary = shrink_vocab(model_folder(folder, what="DSpark/DFlash checkpoint", progress=True), model, tokens,
+                           draft_vocab, out)
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:

@@ -69,7 +69,7 @@ def train_cmd(as_json, data, exclude, layer_ids, **options):
 
 
 @eagle3.command("shrink-vocab")
-@click.option("--head", "head_dir", required=True, help="The head folder to restrict (any public layout).")
+@click.option("--head", "head_dir", required=True, help="The head to restrict (any public layout): a folder or hub id.")
 @click.option("--target", "target", required=True, help="HF model folder or id of the head's target (its tokenizer too).")
 @click.option("--data", "data", multiple=True, required=True,
               help="Text or token arrays (.bin uint16, .npy) whose token frequencies choose the kept tokens; ideally "
@@ -80,13 +80,15 @@ def train_cmd(as_json, data, exclude, layer_ids, **options):
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def shrink_cmd(head_dir, target, data, draft_vocab, out, max_tokens, as_json):
     """Restrict a trained head to the DRAFT_VOCAB most frequent tokens (a cheaper lm_head, no retraining)."""
+    from lightspec_core import model_folder
+
     from .data import load_tokens
     from .shrink import shrink_vocab
     from .train import _load_target
 
     tok, model = _load_target(target, "cpu")
     tokens = load_tokens(list(data), tok, max_tokens=max_tokens)
-    summary = shrink_vocab(head_dir, model, tokens, draft_vocab, out)
+    summary = shrink_vocab(model_folder(head_dir, what="EAGLE-3 head", progress=True), model, tokens, draft_vocab, out)
     if as_json:
         click.echo(json.dumps(summary, indent=1))
     else:
