@@ -224,3 +224,24 @@ def offline_hub_cache(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
     return cache
+
+
+def fake_online_hub(tmp_path: Path, monkeypatch) -> dict:
+    """huggingface_hub "online" with its ``snapshot_download`` replaced by a recorder, so no
+    test reaches the network.  The returned dict's ``calls`` gets each call's ``(repo,
+    revision, allow_patterns, local_files_only)``; its ``answer`` is what the fake does: a
+    folder to return (default ``tmp_path``), or an exception to raise."""
+    import huggingface_hub
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    state = {"calls": [], "answer": tmp_path}
+
+    def fake(repo_id, revision=None, allow_patterns=None, local_files_only=False, **kw):
+        state["calls"].append((repo_id, revision, allow_patterns, local_files_only))
+        if isinstance(state["answer"], BaseException):
+            raise state["answer"]
+        return str(state["answer"])
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    return state

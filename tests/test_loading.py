@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from helpers import HUB_COMMIT, TINY_VOCAB, offline_hub_cache, put_in_hub_cache, save_tiny, tiny_model, tiny_tokenizer
+from helpers import HUB_COMMIT, TINY_VOCAB, fake_online_hub, offline_hub_cache, put_in_hub_cache, save_tiny, tiny_model, tiny_tokenizer
 from lightspec_core.cli import cli, main
 from lightspec_core.errors import LightSpecError
 from lightspec_core.loading import check_causal_lm, has_cpu_kernels
@@ -140,6 +140,47 @@ def test_model_folder_refuses_a_file(tmp_path):
     (tmp_path / "head.safetensors").write_bytes(b"x")
     with pytest.raises(LightSpecError, match="head.safetensors' is a file: give the folder that holds its config.json"):
         model_folder(tmp_path / "head.safetensors", what="head")
+
+
+def _hub_error(cls, text):
+    """An exception of huggingface_hub's class ``cls`` (they need an HTTP response to build)."""
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, text)
+    return exc
+
+
+@pytest.fixture
+def online_hub(tmp_path, monkeypatch):
+    return fake_online_hub(tmp_path, monkeypatch)
+
+
+def test_model_folder_online_fetches_only_the_checkpoint_files(online_hub):
+    from lightspec_core import model_folder
+    from lightspec_core.hub import CHECKPOINT_FILES
+
+    assert model_folder("org/head@v2", what="EAGLE-3 head") == online_hub["answer"]
+    assert model_folder("org/head", allow_patterns=("config.json",)) == online_hub["answer"]
+    assert model_folder("org/head", download=False) == online_hub["answer"]
+    assert online_hub["calls"] == [("org/head", "v2", list(CHECKPOINT_FILES), False),
+                                   ("org/head", None, ["config.json"], False),
+                                   ("org/head", None, list(CHECKPOINT_FILES), True)]
+
+
+@pytest.mark.parametrize("cls, pattern", [
+    ("RepositoryNotFoundError", "EAGLE-3 head 'org/x' is neither a local folder nor a repository on the Hugging Face hub"),
+    ("GatedRepoError", "EAGLE-3 head 'org/x' is gated on the Hugging Face hub: accept its terms"),
+    ("RevisionNotFoundError", "EAGLE-3 head 'org/x': no such revision on the Hugging Face hub"),
+    ("LocalEntryNotFoundError", "EAGLE-3 head 'org/x' is not .fully. in the Hugging Face cache .* the hub cannot be reached"),
+])
+def test_model_folder_online_errors_are_one_line_each(online_hub, cls, pattern):
+    import huggingface_hub.errors as hub_errors
+
+    from lightspec_core import model_folder
+
+    online_hub["answer"] = _hub_error(getattr(hub_errors, cls), "404 Client Error")
+    with pytest.raises(LightSpecError, match=pattern) as err:
+        model_folder("org/x", what="EAGLE-3 head")
+    assert "\n" not in str(err.value)
 
 
 # -- 2. one clear line per model that cannot be loaded ------------------------------------

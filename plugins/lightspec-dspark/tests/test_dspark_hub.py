@@ -70,3 +70,16 @@ def test_shrink_vocab_command_takes_a_hub_id(hub, tmp_path):
     assert json.loads(r.output[r.output.index("{"):])["draft_vocab_size"] == 24
     out, drafted = run(target, strategy="dspark", checkpoint=str(tmp_path / "small"))
     assert out == run(target, strategy="none")[0] and drafted > 0
+
+
+def test_a_plain_draft_lm_id_is_judged_by_its_config_alone(tmp_path, monkeypatch):
+    """``--draft-model org/plain-lm`` that is no block drafter: only its config.json is fetched."""
+    from helpers import fake_online_hub
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 4}')
+    hub = fake_online_hub(plain, monkeypatch)
+    with pytest.raises(LightSpecError, match="is no DSpark/DFlash folder"):
+        MTPPipeline(tiny_target("qwen3"), ToyTok(), strategy="dspark", draft_model="org/plain-lm")
+    assert hub["calls"] == [("org/plain-lm", None, ["config.json"], False)]

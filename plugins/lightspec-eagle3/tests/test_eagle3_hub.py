@@ -86,3 +86,20 @@ def test_shrink_vocab_takes_a_hub_id(hub, tmp_path):
                                  str(tmp_path / "tokens.bin"), "--draft-vocab", "20", "--out", str(tmp_path / "small"), "--json"])
     assert r.exit_code == 0, r.output
     assert '"draft_vocab_size": 20' in r.output
+
+
+def test_a_plain_draft_lm_id_is_judged_by_its_config_alone(tmp_path, monkeypatch):
+    """``--draft-model org/plain-lm`` (a multi-layer draft LM for another strategy of the run) is
+    not an EAGLE-3 head: ``auto`` asks the hub for its config.json only, never its weights."""
+    import json
+
+    from helpers import fake_online_hub
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                                                   "num_hidden_layers": 4, "hidden_size": 64, "vocab_size": 96}))
+    hub = fake_online_hub(plain, monkeypatch)
+    with pytest.raises(LightSpecError, match="needs an EAGLE-3 head"):
+        MTPPipeline(tiny_target(), ToyTokenizer(96), strategy="eagle3", draft_model="org/plain-lm")
+    assert hub["calls"] == [("org/plain-lm", None, ["config.json"], False)]
