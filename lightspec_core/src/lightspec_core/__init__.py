@@ -45,6 +45,9 @@ _LAZY = {
     "context_length": "limits",
     # a checkpoint's folder from a local path or a hub id (drafters that read their own files)
     "model_folder": "hub",
+    # loading a target the way the pipeline does (one error line per bad input), for trainers
+    "load_model": "loading",
+    "load_tokenizer": "loading",
 }
 
 __all__ = ["hookimpl", "LightSpecError", "InvalidValueError", "InvalidTypeError", "ConfigError", "PluginError", *_LAZY]

@@ -71,6 +71,10 @@ def load_tokenizer(name, progress: bool = False):
     from transformers import AutoTokenizer
 
     name = str(name)
+    if Path(name).is_file():
+        raise InvalidValueError(f"model {name!r} is a file: give the folder that holds its config.json, or a hub id (org/name)")
+    if not Path(name).is_dir() and (not _REPO_ID.match(name) or ".." in name):
+        raise InvalidValueError(f"model {name!r} not found: no such folder, and not a hub id (org/name)")
     with _progress_bars(progress):
         try:
             return AutoTokenizer.from_pretrained(name)

@@ -56,9 +56,8 @@ def dspark():
 def train_cmd(target, out, data, exclude_list, taps, threads, as_json, **opts):
     """Train a DSpark drafter for TARGET from its hidden states (writes the public DeepSpec format)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lightspec_core import InvalidValueError
+    from lightspec_core import InvalidValueError, load_model, load_tokenizer
 
     from .train import TrainArgs, train
 
@@ -85,8 +84,8 @@ def train_cmd(target, out, data, exclude_list, taps, threads, as_json, **opts):
         raise InvalidValueError(f"--taps {taps!r} is invalid: use comma-separated integers, e.g. 2,6") from None
     if opts["device"].startswith("cuda") and not torch.cuda.is_available():
         raise InvalidValueError(f"--device {opts['device']}: CUDA is not available here (use cpu)")
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(target)
+    model = load_model(target, torch.device("cpu"), torch.float32, progress=True, cpu_layout=False)
+    tokenizer = load_tokenizer(target, progress=True)
     if opts["num_heads"] % opts["num_kv_heads"]:
         raise InvalidValueError(f"--heads {opts['num_heads']} is not a multiple of --kv-heads {opts['num_kv_heads']}")
     args = TrainArgs(out=out, data=list(data), exclude=exclude, target_layer_ids=layer_ids, **opts)
@@ -114,9 +113,8 @@ def shrink_cmd(folder, target, data, draft_vocab, out, max_tokens, as_json):
 
     import numpy as np
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from lightspec_core import InvalidValueError, model_folder
+    from lightspec_core import InvalidValueError, load_model, load_tokenizer, model_folder
 
     from .shrink import shrink_vocab
 
@@ -124,7 +122,7 @@ def shrink_cmd(folder, target, data, draft_vocab, out, max_tokens, as_json):
         import lightspec_zoo
 
         target = str(lightspec_zoo.model_path())
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    model = load_model(target, torch.device("cpu"), torch.float32, progress=True, cpu_layout=False)
     tokenizer = None
     parts = []
     for path in data:
@@ -136,7 +134,7 @@ def shrink_cmd(folder, target, data, draft_vocab, out, max_tokens, as_json):
         elif p.suffix == ".npy":
             parts.append(np.load(p).reshape(-1).astype(np.int64))
         else:
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(target)
+            tokenizer = tokenizer or load_tokenizer(target)
             parts.append(np.asarray(tokenizer(p.read_text(errors="replace"))["input_ids"], dtype=np.int64))
     tokens = np.concatenate(parts)
     if max_tokens:

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lightspec_core import InvalidValueError, LightSpecError
+from lightspec_core import InvalidValueError, LightSpecError, load_model, load_tokenizer
 
 from .checkpoint import save_head
 from .config import HeadConfig
@@ -135,14 +135,10 @@ def _refuse_other_shape(args: TrainArgs, saved: HeadConfig, asked: HeadConfig, s
 
 
 def _load_target(path: str, device: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(path)
-        target = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    except OSError as exc:
-        raise LightSpecError(f"cannot load the target {path!r}: {exc}") from None
-    target = target.to(device).eval()
+    """The target as the pipeline loads it (a folder or hub id; one error line for a bad one),
+    without LightSpec's CPU kernels (training reads the plain HF forward), frozen."""
+    target = load_model(path, torch.device(device), torch.float32, progress=True, cpu_layout=False)
+    tok = load_tokenizer(path, progress=True)
     for p in target.parameters():
         p.requires_grad_(False)
     return tok, target

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from lightspec_core import LightSpecError
+from lightspec_core import LightSpecError, load_model, load_tokenizer
 
 from .formats import save_medusa, save_mtp_layers
 from .modules import MedusaHeads, MTPLayer
@@ -212,7 +212,6 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
     """Train (or continue training) a head for ``cfg.target``; return the training log.
     Writes ``cfg.out``: the head in the public format, ``training_log.json`` and ``checkpoint.pt``."""
     from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     cfg.check()
     out = Path(cfg.out)
@@ -228,8 +227,8 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True) -> dict
                 raise LightSpecError(f"--resume: the checkpoint was trained with {name}={getattr(saved, name)!r}, "
                                      f"this run asks for {getattr(cfg, name)!r}")
     device = torch.device(cfg.device)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.target)
-    target = AutoModelForCausalLM.from_pretrained(cfg.target, dtype=torch.float32).to(device).eval()
+    target = load_model(cfg.target, device, torch.float32, progress=True, cpu_layout=False)
+    tokenizer = load_tokenizer(cfg.target, progress=True)
     for p in target.parameters():
         p.requires_grad_(False)
     tokens = load_tokens(cfg.data, tokenizer)
