@@ -20,26 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
-class NoTreeMasks(torch.nn.Module):
-    """A target whose forward drops the attention mask it is given (so a tree's siblings see
-    each other): the probe must refuse it."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.config, self.generation_config = inner, inner.config, inner.generation_config
-
-    def forward(self, input_ids, attention_mask=None, **kw):
-        return self.inner(input_ids=input_ids, **kw)
-
-    def get_output_embeddings(self):
-        return self.inner.get_output_embeddings()
-
-    def get_input_embeddings(self):
-        return self.inner.get_input_embeddings()
-
-
 def main() -> int:
-    from models import ARCHS, ToyTokenizer, cached_model, make_prompts
+    from models import ARCHS, MaskIgnoringTarget, ToyTokenizer, cached_model, make_prompts
 
     from lightspec_core import MTPPipeline, TargetRunner
 
@@ -64,7 +46,7 @@ def main() -> int:
                 row["failures"] = sum(len(o.stats.failures) for o in outs)
             rows.append(row)
             print(row, flush=True)
-        maskless = NoTreeMasks(copy.deepcopy(cached_model("gpt2")).to(dev, dtype)).eval()
+        maskless = MaskIgnoringTarget(copy.deepcopy(cached_model("gpt2")).to(dev, dtype)).eval()
         rows.append({"arch": "gpt2 ignoring the tree mask", "dtype": dtype_name,
                      "trees": TargetRunner(maskless).supports_trees()})
         print(rows[-1], flush=True)

@@ -166,3 +166,21 @@ def manual_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
         logits = model(input_ids=torch.tensor([seq])).logits[0, -1]
         seq.append(int(logits.argmax()))
     return seq[len(prompt):]
+
+
+class MaskIgnoringTarget(torch.nn.Module):
+    """A causal LM whose forward drops any attention mask it is given, so it cannot take a
+    token tree's: what the start-up tree probe must refuse."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config, self.generation_config = inner, inner.config, inner.generation_config
+
+    def forward(self, input_ids, attention_mask=None, **kw):
+        return self.inner(input_ids=input_ids, **kw)
+
+    def get_output_embeddings(self):
+        return self.inner.get_output_embeddings()
+
+    def get_input_embeddings(self):
+        return self.inner.get_input_embeddings()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from lightspec_tree.strategies import DynamicTree, StaticTree
-from models import ToyTokenizer, cached_model, hf_greedy, make_prompts
+from models import MaskIgnoringTarget, ToyTokenizer, cached_model, hf_greedy, make_prompts
 from tree_helpers import LookupTreeDrafter
 
 from lightspec_core import KVCache, LightSpecError, MTPPipeline, get_registry, hookimpl
@@ -260,31 +260,12 @@ def test_eagle3_tree_needs_the_eagle3_plugin(monkeypatch):
         get_registry(reload=True)
 
 
-class _NoTreeMasks(torch.nn.Module):
-    """A causal LM whose forward drops any attention mask it is given (so it cannot take a tree's)."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner = inner
-        self.config = inner.config
-        self.generation_config = inner.generation_config
-
-    def forward(self, input_ids, attention_mask=None, **kw):
-        return self.inner(input_ids=input_ids, **kw)
-
-    def get_output_embeddings(self):
-        return self.inner.get_output_embeddings()
-
-    def get_input_embeddings(self):
-        return self.inner.get_input_embeddings()
-
-
 @pytest.mark.parametrize("strategy", ["dynamic_tree", "static_tree"])
 def test_a_target_without_tree_masks_is_refused_at_start_up(strategy, monkeypatch):
     import copy
 
     inner = copy.deepcopy(cached_model("gpt2"))
-    target = _NoTreeMasks(inner).eval()
+    target = MaskIgnoringTarget(inner).eval()
     from lightspec_core import TargetRunner
 
     assert not TargetRunner(target).supports_trees()
@@ -308,7 +289,7 @@ def test_in_16_bit_every_suite_architecture_takes_trees_and_a_maskless_forward_i
     for arch in ARCHS:
         model = copy.deepcopy(cached_model(arch)).to(dtype)
         assert TargetRunner(model).supports_trees(), arch
-    maskless = _NoTreeMasks(copy.deepcopy(cached_model("gpt2")).to(dtype)).eval()
+    maskless = MaskIgnoringTarget(copy.deepcopy(cached_model("gpt2")).to(dtype)).eval()
     assert not TargetRunner(maskless).supports_trees()
     out = MTPPipeline(copy.deepcopy(cached_model("gemma")).to(dtype), ToyTokenizer(), strategy="dynamic_tree",
                       draft_model=copy.deepcopy(cached_model("gemma", layers=1, seed=1)).to(dtype),
@@ -320,7 +301,7 @@ def test_a_union_over_a_target_without_tree_masks_is_refused_at_start_up():
     import copy
     from pathlib import Path
 
-    target = _NoTreeMasks(copy.deepcopy(cached_model("gpt2"))).eval()
+    target = MaskIgnoringTarget(copy.deepcopy(cached_model("gpt2"))).eval()
     union = str(Path(__file__).resolve().parents[3] / "docs" / "examples" / "union_tree.yaml")
     with pytest.raises(LightSpecError, match=r"'union' combination merges drafts into a token tree, but this target "
                                              r"\(gpt2\) does not take the custom attention masks"):
