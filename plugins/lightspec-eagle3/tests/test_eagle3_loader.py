@@ -147,6 +147,20 @@ def test_shared_lm_head_variant(tmp_path, target):
         load_head(reduced, target)
 
 
+def test_a_head_with_d2t_but_no_t2d_loads_as_vllm_reads_it(tmp_path, target):
+    """vLLM reads ``d2t`` only and skips ``t2d``, so a head saved without ``t2d`` is usable
+    there; ``t2d`` follows from ``d2t`` (target id ``i + d2t[i]`` is in the draft vocabulary)."""
+    head = random_head(target)
+    folder = write_layout(tmp_path / "h", head, "eagle")
+    full = load_head(folder, target)
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if k != "t2d"}, str(folder / "model.safetensors"))
+    no_t2d = load_head(folder, target)
+    assert torch.equal(no_t2d.t2d, full.t2d) and torch.equal(no_t2d.d2t, full.d2t)
+    h = torch.randn(3, 64)
+    torch.testing.assert_close(no_t2d.draft_logits(h), full.draft_logits(h))
+
+
 def test_parse_config_rejects_fc_norm_and_bad_ids():
     base = {"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "intermediate_size": 8, "num_attention_heads": 2,
             "vocab_size": 10}

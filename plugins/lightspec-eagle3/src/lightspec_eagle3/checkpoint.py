@@ -150,6 +150,11 @@ def load_head(folder, target, dtype: torch.dtype | None = None) -> Eagle3Head:
     state = normalize_names(_read_state(folder))
     if cfg.norm_before_fc is None:
         cfg.norm_before_fc = "input_norm.weight" in state
+    if "d2t" in state and "t2d" not in state:  # vLLM reads d2t only; t2d follows from it
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        ids = torch.arange(state["d2t"].numel()) + state["d2t"].long()
+        t2d[ids[(ids >= 0) & (ids < cfg.vocab_size)]] = True
+        state["t2d"] = t2d
     check_fit(cfg, state, target)
     t_embed = target.get_input_embeddings().weight
     t_out = target.get_output_embeddings()
