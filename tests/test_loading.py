@@ -207,6 +207,28 @@ def _no_weights(folder):
     (folder / "model.safetensors").unlink()
 
 
+def _missing_weights(folder):
+    """A checkpoint without some of its config's weights (transformers would fill them at random)."""
+    from safetensors.torch import load_file, save_file
+
+    save_tiny(folder)
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({k: v for k, v in state.items() if ".layers.1." not in k}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+
+
+def _eagle3_head(folder):
+    """An EAGLE-3 head (one layer under ``midlayer.``, ``fc``) passed as a model."""
+    from safetensors.torch import load_file, save_file
+
+    save_tiny(folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 1}))
+    state = load_file(str(folder / "model.safetensors"))
+    head = {k.replace("model.layers.0.", "midlayer."): v for k, v in state.items() if ".layers.0." in k}
+    save_file({**head, "fc.weight": torch.zeros(64, 192)}, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 def _t5(folder):
     import transformers
 
@@ -251,6 +273,9 @@ BAD_MODELS = {
                                          "*ForCausalLM"]),
     "bert without is_decoder": (_bert_lm_head_not_decoder, ["is an encoder with is_decoder=false",
                                                             "not a causal LM"]),
+    "missing weights": (_missing_weights, ["lacks 9 of the weights its config needs (model.layers.1.",
+                                           "random values: save or download the model again"]),
+    "an EAGLE-3 head": (_eagle3_head, ["lacks", "it is an EAGLE-3 head: use --strategy eagle3"]),
     "vocabulary below the tokenizer": (_small_vocab, ["vocabulary of 64 tokens (lm_head rows)", "tokenizer has 96"]),
 }
 

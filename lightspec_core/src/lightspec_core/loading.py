@@ -56,9 +56,11 @@ def load_model(name, device: torch.device, dtype: torch.dtype, progress: bool = 
         check_causal_lm(config, name)
     with _progress_bars(progress):
         try:
-            model = AutoModelForCausalLM.from_pretrained(name, config=config, dtype=dtype)
+            model, info = AutoModelForCausalLM.from_pretrained(name, config=config, dtype=dtype, output_loading_info=True)
         except Exception as exc:
             raise _weights_error(name, exc) from exc
+    if info.get("missing_keys"):
+        raise _missing_weights_error(name, config, sorted(info["missing_keys"]), info.get("unexpected_keys") or [])
     model = model.to(device).eval()
     if cpu_layout and cpu_kernels_apply(device, dtype):
         install_cpu_kernels(model)
@@ -284,6 +286,17 @@ def _weights_error(name: str, exc: BaseException) -> LightSpecError:
         return LightSpecError(f"model {name!r} has a config.json but no weights (model.safetensors or "
                               "pytorch_model.bin, or their sharded index): download or save them again")
     return LightSpecError(f"cannot load the weights of model {name!r}: {type(exc).__name__}: {_first_line(exc)}")
+
+
+def _missing_weights_error(name: str, config, missing: list[str], unexpected) -> LightSpecError:
+    """transformers fills weights a checkpoint lacks with random values and only warns; a
+    drafter's checkpoint of another kind passed as a model is the usual cause."""
+    shown = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+    eagle = any(str(k).endswith("fc.weight") for k in unexpected) and getattr(config, "num_hidden_layers", 0) == 1
+    hint = ("it is an EAGLE-3 head: use --strategy eagle3 (head=... or --draft-model)" if eagle
+            else "save or download the model again")
+    return LightSpecError(f"model {name!r} lacks {len(missing)} of the weights its config needs ({shown}); "
+                          f"transformers would fill them with random values: {hint}")
 
 
 def _offline() -> bool:
