@@ -70,8 +70,7 @@ def _hub_error(name: str, what: str, exc: BaseException, offline: bool) -> Light
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     if offline or _offline_miss(exc):
-        error = _not_cached(name)
-        return LightSpecError(str(error).replace("model ", f"{what} ", 1))
+        return _not_cached(name, what)
     if _in_chain(exc, GatedRepoError):
         return LightSpecError(f"{what} {name!r} is gated on the Hugging Face hub: accept its terms on its page and log in "
                               "(`hf auth login`), or pass a local folder")

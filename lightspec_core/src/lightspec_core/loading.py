@@ -305,12 +305,12 @@ def _offline() -> bool:
     return bool(constants.HF_HUB_OFFLINE)
 
 
-def _not_cached(name: str) -> LightSpecError:
+def _not_cached(name: str, what: str = "model") -> LightSpecError:
     from huggingface_hub import constants
 
     why = "HF_HUB_OFFLINE=1" if _offline() else "the hub cannot be reached"
     return LightSpecError(
-        f"model {name!r} is not (fully) in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}: run "
+        f"{what} {name!r} is not (fully) in the Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}: run "
         f"`hf download {name}` on a machine with network, then copy the cache here (or point HF_HUB_CACHE at it), "
         "or pass a local model folder")
 
